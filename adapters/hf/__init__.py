@@ -1,0 +1,10 @@
+"""The transformers engine: any ``AutoModelForCausalLM`` as a batched, token-level ``Engine`` (CPU or GPU).
+
+``HFEngine`` is what the bundled trainer samples from on a machine without vLLM, and what the tests
+run every layer against with the locally built tiny model. Importing this package is cheap: torch
+and transformers load when an engine is created.
+"""
+
+from adapters.hf.engine import EngineStats, HFEngine, InvalidRequestError
+
+__all__ = ["EngineStats", "HFEngine", "InvalidRequestError"]

@@ -1,0 +1,148 @@
+"""The batched decode loop: left-padded prompts, one KV cache, each row stopping on its own terms.
+
+Written by hand rather than with ``model.generate`` so that every row keeps its own sampling
+parameters, seed and stop conditions, and so that the logprob of each sampled id comes from the
+very logits it was drawn from (see ``sampling.py``).
+
+Left padding keeps every row's last prompt token in the same column, so one forward step serves
+all rows; ``position_ids`` count only real tokens, so a padded row sees the same positions (and,
+up to float noise, the same logits) as it would alone. Finished rows are dropped from the batch
+(and from the KV cache) once a quarter of it has finished, so a few long samples do not keep paying
+for many short ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from adapters.hf.sampling import BatchSampler
+from bridges.types import FinishReason, SamplingParams
+
+
+@dataclass(slots=True)
+class RowRequest:
+    """One sample to generate: a prompt and the parameters of the request it belongs to."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int  # already clipped to the room left in the context window
+    seed: int | None  # the per-row generator seed (see sampling.row_seed), None = global RNG
+    stop_token_ids: frozenset[int]  # eos ids + the request's stop_token_ids
+
+
+@dataclass(slots=True)
+class RowResult:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    stop_str: str | None = None
+
+
+def _stop_string_hit(tokenizer: Any, ids: list[int], stops: list[str], window: int) -> str | None:
+    """The first stop string present in the decoded tail of ``ids``.
+
+    Checked after every token, so a stop string is found on the step that completes it; decoding
+    only the last ``window`` ids (longest stop string + a margin) keeps the check O(1) per step.
+    Token ids are never cut: every sampled id stays in the sample, as the trainer needs; hiding the
+    stop string from the text (``include_stop_str_in_output=False``) is the client's job.
+    """
+    text = tokenizer.decode(ids[-window:], skip_special_tokens=False)
+    for stop in stops:
+        if stop and stop in text:
+            return stop
+    return None
+
+
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the prefill can skip the vocab projection of all but the last position."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: Any,
+    tokenizer: Any,
+    rows: list[RowRequest],
+    *,
+    pad_token_id: int,
+    device: torch.device,
+    logits_to_keep: bool = False,
+) -> list[RowResult]:
+    """Generate every row to completion and return one result per row, in order."""
+    batch = len(rows)
+    lengths = [len(r.prompt_ids) for r in rows]
+    width = max(lengths)
+    ids_rows = [[pad_token_id] * (width - n) + r.prompt_ids for n, r in zip(lengths, rows, strict=True)]
+    mask_rows = [[0] * (width - n) + [1] * n for n in lengths]
+    input_ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
+    attention_mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+    next_position = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(1)
+
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    sampler = BatchSampler([r.params for r in rows], [r.seed for r in rows], vocab_size, device)
+    results = [RowResult() for _ in rows]
+    stop_windows = [(max(map(len, r.params.stop)) + 8) if r.params.stop else 0 for r in rows]
+
+    prefill_kwargs = {"logits_to_keep": 1} if logits_to_keep else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **prefill_kwargs,
+    )
+    cache = out.past_key_values
+    can_compact = hasattr(cache, "batch_select_indices")
+    logits = out.logits[:, -1, :].float()
+    active = list(range(batch))  # batch position -> row index
+    alive = [True] * batch  # per batch position: still generating
+    n_alive = batch
+    while True:
+        tokens, logprobs = sampler.sample(logits)
+        token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+        for pos, row_index in enumerate(active):
+            if not alive[pos]:
+                continue
+            row, result, token = rows[row_index], results[row_index], token_list[pos]
+            result.token_ids.append(token)
+            result.logprobs.append(logprob_list[pos])
+            finished = True
+            if token in row.stop_token_ids:
+                result.finish_reason = "stop"
+            elif stop_windows[row_index] and (
+                hit := _stop_string_hit(tokenizer, result.token_ids, row.params.stop, stop_windows[row_index])
+            ):
+                result.finish_reason, result.stop_str = "stop", hit
+            elif len(result.token_ids) >= row.max_new_tokens:
+                result.finish_reason = "length"
+            else:
+                finished = False
+            if finished:
+                alive[pos] = False
+                n_alive -= 1
+        if n_alive == 0:
+            return results
+        if can_compact and len(active) - n_alive >= max(1, len(active) // 4):
+            keep_list = [pos for pos, a in enumerate(alive) if a]
+            keep = torch.tensor(keep_list, dtype=torch.long, device=device)
+            cache.batch_select_indices(keep)
+            sampler.keep(keep, keep_list)
+            tokens, attention_mask, next_position = tokens[keep], attention_mask[keep], next_position[keep]
+            active = [active[pos] for pos in keep_list]
+            alive = [True] * n_alive
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
+        out = model(
+            input_ids=tokens.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        next_position = next_position + 1

@@ -1,0 +1,146 @@
+"""``VLLMEngine``: vLLM's in-process ``AsyncLLM`` behind the token-level ``Engine`` seam.
+
+Checked only on a GPU machine: vLLM needs CUDA, so CPU CI tests the pure conversions here
+(``sampling_kwargs``, ``samples_from_output``) and that this module imports without vLLM.
+
+- Token in, token out: prompts go in as ``TokensPrompt(prompt_token_ids=...)``; the sampled ids
+  and the logprob of each sampled id come back unchanged (``logprobs=0``). The engine is built with
+  ``logprobs_mode="processed_logprobs"`` so logprobs are under the temperature-scaled
+  distribution, the one the trainer's importance ratio compares against.
+- Weight sync, two paths: full weights through ``collective_rpc`` into ``WeightSyncExtension``
+  (then the prefix cache is reset, since cached KV was computed with the old weights), or, for a
+  LoRA policy, the adapter saved to disk and hot-loaded as a new ``LoRARequest`` id each version.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bridges.errors import require_extra
+from bridges.types import Sample, SamplingParams
+
+
+def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
+    """Our ``SamplingParams`` as keyword arguments for ``vllm.SamplingParams``."""
+    kwargs: dict[str, Any] = {
+        "n": n,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "logprobs": 0,  # the sampled token's logprob only
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": params.include_stop_str_in_output,
+    }
+    if params.stop:
+        kwargs["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        kwargs["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    return kwargs
+
+
+def samples_from_output(output: Any, weight_version: int) -> list[Sample]:
+    """A finished ``RequestOutput`` -> our ``Sample``s (one logprob per sampled id, or a clear error)."""
+    samples = []
+    for completion in output.outputs:
+        token_ids = list(completion.token_ids)
+        entries = completion.logprobs or []
+        if len(entries) != len(token_ids):
+            raise RuntimeError(
+                f"vLLM returned {len(entries)} logprob entries for {len(token_ids)} sampled ids; "
+                "the engine must be created with logprobs enabled."
+            )
+        logprobs = [float(entry[tok].logprob) for entry, tok in zip(entries, token_ids, strict=True)]
+        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+        stop_str = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+        samples.append(Sample(token_ids, logprobs, reason, weight_version, stop_str))
+    return samples
+
+
+class VLLMEngine:
+    """An ``Engine`` over ``vllm.v1.engine.async_llm.AsyncLLM`` (GPU)."""
+
+    name = "vllm"
+
+    def __init__(self, llm: Any, tokenizer: Any, *, max_model_len: int, lora: bool = False):
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.weight_version = 0
+        self._lora = lora
+        self._lora_request: Any = None
+        self._lora_ids = itertools.count(1)
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="bridges-lora-"))
+
+    @classmethod
+    def from_pretrained(cls, model: str, *, lora_rank: int = 0, **engine_args: Any) -> VLLMEngine:
+        vllm = require_extra("vllm", "vllm", "the vLLM engine")
+        from transformers import AutoTokenizer
+
+        from bridges.tiny import resolve_model_path
+
+        path = resolve_model_path(model)
+        args = {
+            "model": path,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": "adapters.vllm.worker_extension.WeightSyncExtension",
+            "gpu_memory_utilization": 0.5,  # leave room for the trainer on the same GPU
+            "enable_prefix_caching": True,
+            **({"enable_lora": True, "max_lora_rank": lora_rank} if lora_rank > 0 else {}),
+            **engine_args,
+        }
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
+        return cls(
+            llm,
+            AutoTokenizer.from_pretrained(path),
+            max_model_len=llm.model_config.max_model_len,
+            lora=lora_rank > 0,
+        )
+
+    @classmethod
+    def for_training(cls, config: Any, policy: Any, tokenizer: Any) -> VLLMEngine:
+        """The engine the GRPO trainer samples from (extra vLLM options come from ``vllm.*``)."""
+        return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank, **dict(config.vllm))
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
+        vllm = require_extra("vllm", "vllm", "the vLLM engine")
+        from vllm.inputs import TokensPrompt
+
+        version = self.weight_version
+        final = None
+        async for output in self.llm.generate(
+            TokensPrompt(prompt_token_ids=list(prompt_ids)),
+            vllm.SamplingParams(**sampling_kwargs(params, n)),
+            request_id=uuid.uuid4().hex,
+            lora_request=self._lora_request,
+        ):
+            final = output
+        if final is None:
+            raise RuntimeError("vLLM finished the request without producing an output.")
+        return samples_from_output(final, version)
+
+    async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> None:
+        """New weights for the next requests: LoRA hot-load when serving an adapter, else full weights."""
+        if self._lora and policy is not None:
+            from vllm.lora.request import LoRARequest
+
+            lora_id = next(self._lora_ids)
+            path = self._adapter_dir / f"v{lora_id}"
+            policy.save_pretrained(path)
+            self._lora_request = LoRARequest(f"policy-v{lora_id}", lora_id, str(path))
+        else:
+            named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+            await self.llm.collective_rpc("update_weights_from_state", args=(named,))
+            await self.llm.reset_prefix_cache()
+        self.weight_version += 1
+
+    async def aclose(self) -> None:
+        self.llm.shutdown()

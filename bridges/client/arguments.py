@@ -1,0 +1,315 @@
+"""OpenAI request arguments -> engine sampling parameters, refusing what an engine cannot honour.
+
+The rule (DESIGN §2.3): an argument is either honoured, a documented no-op (it changes nothing a
+local engine does: ``user``, ``metadata``, ``store=False``...), or refused with
+``openai.BadRequestError`` naming it. Silently dropping ``response_format`` or a penalty would make
+an evaluation quietly differ from the hosted run it is compared with.
+
+Names the SDK's ``create`` does not know at all raise ``TypeError``, exactly as the SDK would.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from openai import NotGiven, Omit
+from openai.resources.chat.completions import AsyncCompletions as _SDKChatCompletions
+from openai.resources.completions import AsyncCompletions as _SDKCompletions
+
+from bridges.client.api_errors import bad_request
+from bridges.types import SamplingParams
+
+CHAT_PATH = "/chat/completions"
+COMPLETIONS_PATH = "/completions"
+
+_CHAT_SDK_PARAMS = frozenset(inspect.signature(_SDKChatCompletions.create).parameters) - {"self"}
+_COMPLETION_SDK_PARAMS = frozenset(inspect.signature(_SDKCompletions.create).parameters) - {"self"}
+CHAT_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_drift", "return_token_ids")
+COMPLETION_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_token_ids")
+_NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
+_IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothing to send them over
+_ZERO_OK = frozenset({"presence_penalty", "frequency_penalty"})
+_FALSE_OK = frozenset({"stream", "store", "echo"})
+
+
+def is_absent(value: Any) -> bool:
+    return value is None or isinstance(value, (NotGiven, Omit))
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    messages: list[Any]
+    model: str
+    n: int
+    tools: list[dict[str, Any]] | None
+    parse_tools: bool
+    max_tokens: int | None
+    params: SamplingParams
+    logprobs: bool
+    return_drift: bool
+    timeout: float | None
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    prompt: str | list[int]
+    model: str
+    n: int
+    max_tokens: int
+    params: SamplingParams
+    logprobs: bool
+    timeout: float | None
+
+
+def _bad(message: str, param: str, path: str) -> Exception:
+    return bad_request(message, param=param, path=path)
+
+
+def _int(name: str, value: Any, path: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(f"'{name}' must be an integer >= {minimum}, got {value!r}.", name, path)
+    return value
+
+
+def _number(name: str, value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"'{name}' must be a number, got {value!r}.", name, path)
+    return float(value)
+
+
+def _stop(value: Any, path: str) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) and s for s in value):
+        return list(value)
+    raise _bad(f"'stop' must be a string or a list of non-empty strings, got {value!r}.", "stop", path)
+
+
+def _timeout(value: Any) -> float | None:
+    if is_absent(value):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    read = getattr(value, "read", None)  # an httpx Timeout: the read timeout bounds the answer
+    return float(read) if isinstance(read, (int, float)) else None
+
+
+def _refuse(name: str, value: Any, path: str) -> Exception:
+    return _bad(
+        f"'{name}'={value!r} is not supported by EngineClient: a local engine cannot honour it "
+        f"(remove it, or use a hosted endpoint through adapters.openai).",
+        name,
+        path,
+    )
+
+
+def _apply_extra_body(extra: Any, params: SamplingParams, path: str, allowed: tuple[str, ...]) -> bool:
+    """Engine knobs passed the vLLM way (``extra_body={"top_k": 20}``); returns ``return_drift``."""
+    if not isinstance(extra, dict):
+        raise _bad(f"'extra_body' must be a dict, got {type(extra).__name__}.", "extra_body", path)
+    return_drift = False
+    for key, value in extra.items():
+        if key not in allowed:
+            raise _bad(
+                f"extra_body key '{key}' is not supported by EngineClient; supported keys: {', '.join(allowed)}.",
+                key,
+                path,
+            )
+        if value is None or key == "return_token_ids":  # token ids are always returned
+            continue
+        if key == "top_k":
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise _bad(
+                    f"'top_k' must be -1 (disabled) or a positive integer, got {value!r}.", "top_k", path
+                )
+            params.top_k = value if value > 0 else -1
+        elif key == "stop_token_ids":
+            if not isinstance(value, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in value
+            ):
+                raise _bad(
+                    f"'stop_token_ids' must be a list of token ids, got {value!r}.", "stop_token_ids", path
+                )
+            params.stop_token_ids = list(value)
+        elif key == "return_drift":
+            return_drift = bool(value)
+    return return_drift
+
+
+def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -> None:
+    """Everything without its own handling: a no-op, a default value, or refused by name."""
+    if name not in sdk_params:
+        raise TypeError(f"create() got an unexpected keyword argument '{name}'")
+    if name in _NO_OPS or name in _IGNORED or is_absent(value):
+        return
+    if name in _FALSE_OK and value is False:
+        return
+    if name in _ZERO_OK and value == 0:
+        return
+    if name == "stream":
+        raise _bad(
+            "'stream'=True is not supported by EngineClient: responses are returned whole.", name, path
+        )
+    raise _refuse(name, value, path)
+
+
+def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
+    """Validate ``chat.completions.create`` keyword arguments (raises BadRequestError/TypeError)."""
+    path = CHAT_PATH
+    messages = kwargs.get("messages")
+    model = kwargs.get("model")
+    if messages is None or model is None:
+        missing = "messages" if messages is None else "model"
+        raise TypeError(f"create() missing 1 required keyword-only argument: '{missing}'")
+    if not isinstance(messages, list):
+        if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
+            raise _bad("'messages' must be a list of chat messages.", "messages", path)
+        messages = list(messages)
+    if not messages:
+        raise _bad("'messages' must contain at least one message.", "messages", path)
+    params = SamplingParams()
+    n = 1
+    tools = None
+    parse_tools = True
+    max_tokens = None
+    logprobs = False
+    return_drift = False
+    timeout = None
+    for name, value in kwargs.items():
+        if name == "messages" or name == "model":
+            continue
+        if name == "temperature":
+            if not is_absent(value):
+                params.temperature = _number(name, value, path)
+                if params.temperature < 0:
+                    raise _bad(f"'temperature' must be >= 0, got {value!r}.", name, path)
+        elif name == "max_tokens" or name == "max_completion_tokens":
+            if not is_absent(value):
+                value = _int(name, value, path, 1)
+                max_tokens = value if max_tokens is None or name == "max_completion_tokens" else max_tokens
+        elif name == "n":
+            if not is_absent(value):
+                n = _int(name, value, path, 1)
+        elif name == "top_p":
+            if not is_absent(value):
+                params.top_p = _number(name, value, path)
+                if not 0.0 < params.top_p <= 1.0:
+                    raise _bad(f"'top_p' must be in (0, 1], got {value!r}.", name, path)
+        elif name == "stop":
+            if not is_absent(value):
+                params.stop = _stop(value, path)
+        elif name == "seed":
+            if not is_absent(value):
+                params.seed = _int(name, value, path, -(2**63))
+        elif name == "tools":
+            if not is_absent(value):
+                tools = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in value]
+                if not all(isinstance(t, dict) for t in tools):
+                    raise _bad("'tools' must be a list of tool definitions (dicts).", name, path)
+                tools = tools or None
+        elif name == "tool_choice":
+            if is_absent(value) or value == "auto":
+                continue
+            if value == "none":
+                parse_tools = False
+                continue
+            raise _bad(
+                f"'tool_choice'={value!r} cannot be enforced: the engine samples freely without constrained "
+                f"decoding; use 'auto' (or 'none') and check the reply's tool_calls.",
+                name,
+                path,
+            )
+        elif name == "logprobs":
+            if not is_absent(value):
+                if not isinstance(value, bool):
+                    raise _bad(f"'logprobs' must be a boolean, got {value!r}.", name, path)
+                logprobs = value
+        elif name == "top_logprobs":
+            if not is_absent(value) and value != 0:
+                raise _bad(
+                    f"'top_logprobs'={value!r} is not supported: engines return only the sampled token's "
+                    f"logprob (use logprobs=True, or read choices[i].token_logprobs).",
+                    name,
+                    path,
+                )
+        elif name == "extra_body":
+            if not is_absent(value):
+                return_drift = _apply_extra_body(value, params, path, CHAT_EXTRA_BODY_KEYS)
+        elif name == "timeout":
+            timeout = _timeout(value)
+        else:
+            _check_other(name, value, _CHAT_SDK_PARAMS, path)
+    return ChatRequest(
+        messages, str(model), n, tools, parse_tools, max_tokens, params, logprobs, return_drift, timeout
+    )
+
+
+def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
+    """Validate ``completions.create`` keyword arguments (a single prompt: text or token ids)."""
+    path = COMPLETIONS_PATH
+    prompt = kwargs.get("prompt")
+    model = kwargs.get("model")
+    if prompt is None or model is None:
+        missing = "prompt" if prompt is None else "model"
+        raise TypeError(f"create() missing 1 required keyword-only argument: '{missing}'")
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    ):
+        prompt = list(prompt)
+    elif not isinstance(prompt, str):
+        raise _bad(
+            "'prompt' must be one string or one list of token ids (batched prompts are not supported; "
+            "send one request per prompt).",
+            "prompt",
+            path,
+        )
+    params = SamplingParams()
+    n = 1
+    max_tokens = 16  # the OpenAI (and vLLM) default for completions
+    logprobs = False
+    timeout = None
+    for name, value in kwargs.items():
+        if name == "prompt" or name == "model":
+            continue
+        if is_absent(value):
+            _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
+            continue
+        if name == "temperature":
+            params.temperature = _number(name, value, path)
+            if params.temperature < 0:
+                raise _bad(f"'temperature' must be >= 0, got {value!r}.", name, path)
+        elif name == "max_tokens":
+            max_tokens = _int(name, value, path, 1)
+        elif name == "n":
+            n = _int(name, value, path, 1)
+        elif name == "top_p":
+            params.top_p = _number(name, value, path)
+            if not 0.0 < params.top_p <= 1.0:
+                raise _bad(f"'top_p' must be in (0, 1], got {value!r}.", name, path)
+        elif name == "stop":
+            params.stop = _stop(value, path)
+        elif name == "seed":
+            params.seed = _int(name, value, path, -(2**63))
+        elif name == "logprobs":
+            if value != 0 or isinstance(value, bool):
+                raise _bad(
+                    f"'logprobs'={value!r} asks for top alternatives, which engines do not return; use "
+                    f"logprobs=0 for the sampled tokens' logprobs (or read choices[i].token_logprobs).",
+                    name,
+                    path,
+                )
+            logprobs = True
+        elif name == "best_of":
+            if value not in (1, kwargs.get("n")):
+                raise _refuse(name, value, path)
+        elif name == "extra_body":
+            _apply_extra_body(value, params, path, COMPLETION_EXTRA_BODY_KEYS)
+        elif name == "timeout":
+            timeout = _timeout(value)
+        else:
+            _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
+    return CompletionRequest(prompt, str(model), n, max_tokens, params, logprobs, timeout)

@@ -1,0 +1,100 @@
+"""Exact tokenization that never re-tokenizes the fixed pieces of a prompt.
+
+Every first turn of a rollout renders the same system prompt, tool header and few-shot examples,
+and the tokenizer's cost grows with every character (~0.1 us per character for the tiny
+tokenizer: ~80 us for a two-tool header). Those pieces sit between added tokens (``<|im_start|>``,
+``<|im_end|>``, ``<tool_call>``...), and a Hugging Face tokenizer splits added tokens out of the
+text before anything else runs, so the ids of a text are the concatenation of the ids of its pieces.
+This module caches the ids of long pieces (LRU) and encodes the rest in one call; the result is
+identical to ``backend.encode(text, add_special_tokens=False).ids`` (a test pins it).
+
+Only tokens that split the text unconditionally are used as boundaries: not ``lstrip``/``rstrip``
+(they would eat a neighbour's whitespace), not ``single_word`` (matching depends on neighbours),
+not ``normalized`` (matched after normalisation), not special when the backend is told to encode
+special tokens as text, and not overlapping any other added token (leftmost-longest matching
+could then pick the other one).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+MIN_CACHED_SEGMENT = 128  # characters: shorter pieces cost less to encode than to look up
+MIN_SEGMENTED_TEXT = 512  # characters: below this one encode call is cheaper than splitting
+CACHE_SIZE = 2048
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` could match overlapping spans of some text."""
+    if a in b or b in a:
+        return True
+    return any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b))))
+
+
+def split_tokens(added: Iterable[Any], encode_special_tokens: bool = False) -> tuple[str, ...]:
+    """The added tokens that split any text unconditionally, longest first."""
+    tokens = list(added)
+    contents = [t.content for t in tokens]
+    safe = []
+    for token in tokens:
+        if token.lstrip or token.rstrip or token.single_word or token.normalized:
+            continue
+        if encode_special_tokens and token.special:
+            continue
+        if any(other != token.content and _overlaps(token.content, other) for other in contents):
+            continue
+        safe.append(token.content)
+    return tuple(sorted(safe, key=len, reverse=True))
+
+
+class SegmentEncoder:
+    """``encode(text)`` == the backend's ids, with long pieces between split tokens cached."""
+
+    def __init__(self, tokenizer: Any, cache_size: int = CACHE_SIZE) -> None:
+        backend = tokenizer.backend_tokenizer
+        self._backend = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", None)
+        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+        self.split_tokens = split_tokens(added, bool(getattr(backend, "encode_special_tokens", False)))
+        self._split = re.compile("(" + "|".join(map(re.escape, self.split_tokens)) + ")") if self.split_tokens else None
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def encode_one(self, text: str) -> list[int]:
+        """One backend call (``encode_batch_fast`` skips offsets: ~2x faster than ``encode``)."""
+        if self._encode_batch is not None:
+            return self._encode_batch([text], add_special_tokens=False)[0].ids
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def starts_with_split_token(self, text: str) -> bool:
+        """Text that starts with a split token tokenizes the same whatever precedes it."""
+        return bool(self.split_tokens) and text.startswith(self.split_tokens)
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None or len(text) < MIN_SEGMENTED_TEXT:
+            return self.encode_one(text)
+        cache = self._cache
+        out: list[int] = []
+        pending: list[str] = []  # short pieces and split tokens, encoded together in one call
+        for index, part in enumerate(self._split.split(text)):
+            if index % 2 == 1 or len(part) < MIN_CACHED_SEGMENT:
+                pending.append(part)
+                continue
+            ids = cache.get(part)
+            if ids is None:
+                ids = self.encode_one(part)
+                cache[part] = ids
+                if len(cache) > self._cache_size:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(part)
+            if pending:
+                out += self.encode_one("".join(pending))
+                pending.clear()
+            out += ids
+        if pending:
+            out += self.encode_one("".join(pending))
+        return out

@@ -1,0 +1,145 @@
+"""Command-line configuration: structured defaults + ``key=value`` overrides + an optional YAML file.
+
+Every CLI (eval, serve, train, compare, rescore) declares its options as a dataclass and calls
+``parse_config``. OmegaConf gives us typed merging and interpolation; this module adds what users
+need on top: an unknown key or a wrong type is one sentence naming the key and what is allowed,
+and ``section.*`` pass-through sections (``env_args``, ``trl``, ``verl``, ...) accept any key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from bridges.errors import BridgesError, ConfigError
+
+T = TypeVar("T")
+
+
+def _parse_value(raw: str) -> Any:
+    """Parse a command-line value the way YAML would (``3`` -> int, ``[a,b]`` -> list, ``true`` -> bool)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def _valid_keys(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _nested_schema(schema: type, key: str) -> type | None:
+    for f in dataclasses.fields(schema):
+        if f.name == key and dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
+            return f.type  # type: ignore[return-value]
+    return None
+
+
+def _unknown_key_error(key: str, schema: type, prefix: str = "") -> ConfigError:
+    valid = _valid_keys(schema)
+    close = difflib.get_close_matches(key.split(".")[0], valid, n=1)
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{prefix}{key}'{hint}; valid keys: {', '.join(valid)}.")
+
+
+def parse_config(schema: type[T], argv: Sequence[str]) -> T:
+    """Build a ``schema`` instance from ``key=value`` arguments (``config=<yaml>`` is merged first).
+
+    Dict-typed fields (``env_args``, backend pass-through sections) are open: any sub-key is accepted.
+    Raises ``ConfigError`` with one sentence for a malformed argument, an unknown key or a wrong type.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    pairs: list[tuple[str, str]] = []
+    yaml_path: str | None = None
+    for arg in argv:
+        if "=" not in arg or arg.startswith("="):
+            raise ConfigError(f"argument '{arg}' is not of the form key=value (for example num_examples=8).")
+        key, value = arg.split("=", 1)
+        key = key.lstrip("-").replace("-", "_") if key.startswith("--") else key
+        if key == "config":
+            yaml_path = value
+        else:
+            pairs.append((key, value))
+
+    base = OmegaConf.structured(schema)
+    try:
+        if yaml_path is not None:
+            try:
+                loaded = OmegaConf.load(yaml_path)
+            except FileNotFoundError:
+                raise ConfigError(f"config file '{yaml_path}' does not exist.") from None
+            _check_keys(schema, OmegaConf.to_container(loaded) or {})
+            base = OmegaConf.merge(base, loaded)
+        for key, raw in pairs:
+            _check_keys(schema, _nest(key, None))
+            OmegaConf.update(base, key, _parse_value(raw), merge=True, force_add=_is_open(schema, key))
+        return OmegaConf.to_object(base)  # type: ignore[return-value]
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        detail = str(exc).splitlines()[0].rstrip(".")
+        raise ConfigError(f"invalid value for config key '{key}': {detail}.") from None
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
+
+
+def _is_open(schema: type, dotted: str) -> bool:
+    """True when ``dotted`` lands inside a dict-typed (free-form) field."""
+    current: type | None = schema
+    for part in dotted.split("."):
+        if current is None:
+            return True
+        fields = {f.name: f for f in dataclasses.fields(current)}
+        if part not in fields:
+            return False
+        ftype = fields[part].type
+        ftype_str = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
+        if "dict" in str(ftype_str).lower():
+            return True
+        current = _nested_schema(current, part)
+    return False
+
+
+def _check_keys(schema: type, tree: dict[str, Any], prefix: str = "") -> None:
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in tree.items():
+        if key not in fields:
+            raise _unknown_key_error(key, schema, prefix)
+        if _is_open(schema, key):
+            continue
+        nested = _nested_schema(schema, key)
+        if nested is not None and isinstance(value, dict):
+            _check_keys(nested, value, prefix=f"{prefix}{key}.")
+
+
+def to_yaml(config: Any) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> None:
+    """Run a CLI entry point: a ``BridgesError`` prints its one sentence (no traceback) and exits 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = main(args)
+    except BridgesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted; finished results are saved.", file=sys.stderr)
+        raise SystemExit(130) from None
+    raise SystemExit(code or 0)

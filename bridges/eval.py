@@ -1,0 +1,312 @@
+"""``python -m bridges.eval env=<id> model=<tiny|path|id>``: evaluate an environment, save every rollout.
+
+Evaluation runs are often long and run against rate-limited or flaky endpoints, so nothing that
+finished may be lost: each finished group of rollouts is appended to ``results.jsonl`` and flushed
+at once, and running the same command again resumes, skipping examples whose rollouts are all
+saved. The same records end up in a ``datasets`` dataset (``<output>/dataset``) for analysis and
+offline re-scoring. ``engine=hf`` runs a local model through the token-exact ``EngineClient``;
+``engine=openai`` evaluates any OpenAI-compatible endpoint, which returns no token ids, so its
+results are labelled evaluation-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bridges.config import parse_config, run_cli
+from bridges.errors import ConfigError
+
+RESULTS_FILE = "results.jsonl"
+METADATA_FILE = "metadata.json"
+# What makes two runs the same run: resuming into an output written by another is refused.
+RUN_IDENTITY = ("env", "env_args", "model", "rollouts_per_example", "split")
+
+
+@dataclass
+class SamplingConfig:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+@dataclass
+class EvalConfig:
+    env: str = "repeat_letter"
+    env_args: dict[str, Any] = field(default_factory=dict)
+    model: str = "tiny"
+    engine: str = "hf"  # hf | openai
+    base_url: str | None = None
+    api_key_var: str = "OPENAI_API_KEY"
+    num_examples: int = -1
+    rollouts_per_example: int = 1
+    max_concurrent: int = 32
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int = 0
+    output: str | None = None  # default: outputs/<env>--<model>
+    split: str = "eval"  # eval | train
+    progress: bool = True
+
+
+def default_output(env: str, model: str) -> Path:
+    name = Path(model.rstrip("/")).name if os.path.sep in model or model.startswith(".") else model
+    return Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", f"{env}--{name}")
+
+
+def validate(config: EvalConfig) -> None:
+    if config.engine not in ("hf", "openai"):
+        raise ConfigError(f"engine must be 'hf' or 'openai', got '{config.engine}'.")
+    if config.split not in ("eval", "train"):
+        raise ConfigError(f"split must be 'eval' or 'train', got '{config.split}'.")
+    if config.rollouts_per_example < 1:
+        raise ConfigError(f"rollouts_per_example must be at least 1, got {config.rollouts_per_example}.")
+    if config.max_concurrent < 1:
+        raise ConfigError(f"max_concurrent must be at least 1, got {config.max_concurrent}.")
+    if config.num_examples == 0 or config.num_examples < -1:
+        raise ConfigError(f"num_examples must be positive or -1 (all), got {config.num_examples}.")
+
+
+# ---------------------------------------------------------------- saved results (resume)
+
+
+def read_results(path: Path, rollouts_per_example: int) -> tuple[list[dict[str, Any]], bool]:
+    """Records of complete groups (all K rollouts saved), and whether anything else had to be dropped.
+
+    Groups are appended whole, so an incomplete group or an unreadable line can only come from a
+    crash in the middle of a write; those rows are generated again.
+    """
+    if not path.exists():
+        return [], False
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    dropped = False
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped = True
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("example_id"), int):
+            dropped = True
+            continue
+        groups[int(record["example_id"])].append(record)
+    kept = []
+    for records in groups.values():
+        if len(records) == rollouts_per_example:
+            kept.extend(records)
+        else:
+            dropped = True
+    return kept, dropped
+
+
+def check_resumable(output: Path, identity: dict[str, Any]) -> None:
+    path = output / METADATA_FILE
+    if not path.exists() or not (output / RESULTS_FILE).exists():
+        return
+    saved = json.loads(path.read_text())
+    differing = [k for k in RUN_IDENTITY if saved.get(k) != identity[k]]
+    if differing:
+        was = ", ".join(f"{k}={json.dumps(saved.get(k))}" for k in differing)
+        now = ", ".join(f"{k}={json.dumps(identity[k])}" for k in differing)
+        raise ConfigError(
+            f"output '{output}' holds a run with {was}, not {now}; pass another output=<dir> or the same settings."
+        )
+
+
+class ResultsWriter:
+    """Appends each finished group to the JSONL file and flushes it, so a crash loses no finished group."""
+
+    def __init__(self, path: Path) -> None:
+        from bridges.results import state_to_record
+
+        self._to_record = state_to_record
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, states: list[Any]) -> None:
+        from bridges.results import dumps
+
+        records = [self._to_record(s) for s in states]
+        with self.path.open("a") as f:
+            f.write("".join(dumps(r) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.extend(records)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarize(records: list[dict[str, Any]], rollouts_per_example: int) -> dict[str, Any]:
+    """The environment layer's summary, over resumed and new rows alike (rebuilt from the records)."""
+    from bridges.envs.base import GenerateResult
+    from bridges.results import record_to_state
+
+    states = [record_to_state(r) for r in records]
+    return GenerateResult(states=states, rollouts_per_example=rollouts_per_example).summary()
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(summary: dict[str, Any], header: str, token_ids: bool) -> str:
+    """The run at a glance; token counts of a remote endpoint come from its reported usage."""
+    k = summary["pass_at_k"]["k"]
+    stderr = summary["reward_stderr"]
+    rows = [
+        ("rollouts", f"{summary['num_rollouts']} ({summary['num_examples']} examples x {k})"),
+        ("reward", _number(summary["reward_mean"]) + ("" if stderr is None else f" ± {stderr:.4f}")),
+        *[(f"  {name}", _number(value)) for name, value in summary["metrics"].items()],
+        (f"pass@{k} (reward >= {summary['pass_threshold']})", _number(summary["pass_at_k"]["value"])),
+        (f"pass all {k}", _number(summary["pass_all_k"])),
+        ("stop reasons", ", ".join(f"{name} {n}" for name, n in summary["stop_reasons"].items()) or "-"),
+        ("prompt tokens (mean)", _number(summary["prompt_tokens_mean"], 1)),
+        ("completion tokens (mean)", _number(summary["completion_tokens_mean"], 1)),
+        ("errors", str(summary["num_errored"])),
+        ("token ids", "yes (trainable)" if token_ids else "no: evaluation only"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    line = "-" * max(len(header), width + 24)
+    return "\n".join([header, line, *(f"{name.ljust(width)}  {value}" for name, value in rows), line])
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_client(config: EvalConfig) -> Any:
+    """An ``openai.AsyncOpenAI``: the remote endpoint itself, or a local engine behind ``EngineClient``."""
+    if config.engine == "openai":
+        from adapters.openai import build_openai_client
+
+        return build_openai_client(config.base_url, config.api_key_var)
+    import torch
+
+    from adapters.hf import HFEngine
+    from bridges.client import EngineClient
+
+    torch.manual_seed(config.seed)
+    return EngineClient(HFEngine.from_pretrained(config.model), model_name=config.model)
+
+
+def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
+    from datasets import Dataset
+
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    Dataset.from_list(records).save_to_disk(str(staging))
+    shutil.rmtree(path, ignore_errors=True)
+    staging.rename(path)
+
+
+def build_environment(env_id: str, env_args: dict[str, Any]) -> Any:
+    """The environment, with an env_args key its loader does not take reported as one sentence."""
+    import datasets
+
+    from bridges.registry import load_environment
+
+    datasets.disable_progress_bars()  # the rollout bar is the one that matters
+    try:
+        return load_environment(env_id, **env_args)
+    except TypeError as exc:
+        if "keyword argument" not in str(exc):
+            raise
+        raise ConfigError(f"environment '{env_id}' does not accept these env_args ({exc}).") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
+    config = parse_config(EvalConfig, sys.argv[1:] if argv is None else argv)
+    validate(config)
+    output = Path(config.output) if config.output else default_output(config.env, config.model)
+    identity = {
+        "env": config.env,
+        "env_args": config.env_args,
+        "model": config.model,
+        "rollouts_per_example": config.rollouts_per_example,
+        "split": config.split,
+    }
+    check_resumable(output, identity)
+    env = build_environment(config.env, config.env_args)
+    dataset = (
+        env.get_eval_dataset(n=config.num_examples)
+        if config.split == "eval"
+        else env.get_dataset(n=config.num_examples)
+    )
+    sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
+    token_ids = config.engine == "hf"
+    # a missing API key fails here, before any work; a local model loads only if something is left to do
+    remote = build_client(config) if config.engine == "openai" else None
+
+    output.mkdir(parents=True, exist_ok=True)
+    results_path = output / RESULTS_FILE
+    saved, dropped = read_results(results_path, config.rollouts_per_example)
+    if dropped:  # rewrite without the partial group a crash left behind
+        from bridges.results import dumps
+
+        results_path.write_text("".join(dumps(r) + "\n" for r in saved))
+    wanted = set(dataset["example_id"])
+    resumed = [r for r in saved if r["example_id"] in wanted]  # a smaller num_examples uses a subset
+    done = {r["example_id"] for r in resumed}
+    rows = dataset.filter(lambda row: row["example_id"] not in done) if done else dataset
+    metadata = {
+        **identity,
+        "engine": config.engine,
+        "base_url": config.base_url if config.engine == "openai" else None,
+        "num_examples": len(dataset),
+        "sampling_args": {**(getattr(env, "sampling_args", None) or {}), **sampling_args},
+        "seed": config.seed,
+        "token_ids": token_ids,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    print(
+        f"{len(resumed)} rows resumed from {results_path} ({len(done)} examples); "
+        f"generating {len(rows) * config.rollouts_per_example} rows ({len(rows)} examples)."
+    )
+
+    writer = ResultsWriter(results_path)
+    if len(rows):
+        client = remote if remote is not None else build_client(config)
+        asyncio.run(
+            env.generate(
+                rows,
+                client,
+                config.model,
+                rollouts_per_example=config.rollouts_per_example,
+                sampling_args=sampling_args,
+                max_concurrent=config.max_concurrent,
+                progress=config.progress,
+                on_group=writer,
+            )
+        )
+    records = resumed + writer.records
+    summary = summarize(records, config.rollouts_per_example)
+    save_dataset(records, output / "dataset")
+    metadata.update(summary=summary, resumed_rows=len(resumed), new_rows=len(writer.records))
+    metadata["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    header = (
+        f"{config.env} | {config.model} ({config.engine}) | {config.rollouts_per_example} rollouts per example"
+        f" | {len(resumed)} rows resumed, {len(writer.records)} new"
+    )
+    print(format_table(summary, header, token_ids))
+    print(f"saved {len(records)} rows to {results_path} and {output / 'dataset'}")
+    return 0
+
+
+def cli() -> None:
+    """Console-script entry point: errors print as one sentence and exit 2, as with ``python -m``."""
+    run_cli(main)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,103 @@
+"""The GRPO policy loss, written so each term can be checked against TRL and by hand.
+
+Shapes: ``B`` sequences, ``T`` completion positions (right-padded). ``logps_B_T`` are the current
+policy's logprobs of the sampled ids, ``sampler_logps_B_T`` the logprobs the engine reported when
+it sampled them, ``mask_B_T`` is 1 on engine-sampled ids only (0 on padding, prompt, env/tool ids).
+
+Off-policy correction: the importance ratio is taken against the *sampler* (behaviour policy), not
+a recomputed "old" policy. With ``num_batches_ahead > 0`` the sampler is one or more optimizer
+steps behind and may run a different kernel (vLLM); the PPO clip bounds the update in both cases,
+and ``ratio_cap`` (two-sided truncation, TRL's ``delta``) stops a rare huge ratio from dominating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LossType = Literal["grpo", "dr_grpo"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    loss_type: LossType = "grpo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None: symmetric clip
+    ratio_cap: float | None = None  # two-sided truncation of the unclipped ratio
+    beta: float = 0.0  # KL to the reference policy (k3 estimator)
+    max_completion_length: int = 256  # dr_grpo's constant normaliser
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    clip_fraction: float
+    mean_ratio: float
+    kl: float
+
+
+def policy_loss(
+    logps_B_T: torch.Tensor,
+    sampler_logps_B_T: torch.Tensor,
+    advantages_B: torch.Tensor,
+    mask_B_T: torch.Tensor,
+    config: LossConfig,
+    ref_logps_B_T: torch.Tensor | None = None,
+) -> LossOutput:
+    """Clipped importance-weighted policy-gradient loss, aggregated as ``grpo`` or ``dr_grpo``."""
+    mask_B_T = mask_B_T.to(logps_B_T.dtype)
+    advantages_B_1 = advantages_B.unsqueeze(1)
+    ratio_B_T = torch.exp(logps_B_T - sampler_logps_B_T)
+    eps_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+    clipped_B_T = torch.clamp(ratio_B_T, 1 - config.epsilon, 1 + eps_high)
+    unclipped_B_T = ratio_B_T if config.ratio_cap is None else torch.clamp(ratio_B_T, max=config.ratio_cap)
+    per_token_B_T = -torch.min(unclipped_B_T * advantages_B_1, clipped_B_T * advantages_B_1)
+
+    kl = 0.0
+    if config.beta != 0.0:
+        if ref_logps_B_T is None:
+            raise ValueError("beta != 0 needs reference-model logprobs (ref_logps_B_T).")
+        delta_B_T = ref_logps_B_T - logps_B_T
+        kl_B_T = torch.exp(delta_B_T) - delta_B_T - 1
+        per_token_B_T = per_token_B_T + config.beta * kl_B_T
+        kl = float((kl_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1.0))
+
+    if config.loss_type == "grpo":
+        loss = ((per_token_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)).mean()
+    elif config.loss_type == "dr_grpo":
+        loss = (per_token_B_T * mask_B_T).sum() / (per_token_B_T.size(0) * config.max_completion_length)
+    else:
+        raise ValueError(f"unknown loss_type '{config.loss_type}'; use 'grpo' or 'dr_grpo'.")
+
+    with torch.no_grad():
+        tokens = mask_B_T.sum().clamp(min=1.0)
+        is_clipped = ((ratio_B_T < 1 - config.epsilon) & (advantages_B_1 < 0)) | (
+            (ratio_B_T > 1 + eps_high) & (advantages_B_1 > 0)
+        )
+        clip_fraction = float((is_clipped.to(mask_B_T.dtype) * mask_B_T).sum() / tokens)
+        mean_ratio = float((ratio_B_T * mask_B_T).sum() / tokens)
+    return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio, kl=kl)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids_B_L: torch.Tensor,
+    attention_mask_B_L: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logprob of each token given its prefix: out[:, t] = log p(ids[t+1] | ids[:t+1]), shape (B, L-1).
+
+    Logits are divided by the sampling temperature so the ratio compares the same distribution the
+    engine sampled from (the engine reports temperature-scaled logprobs).
+    """
+    position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
+    logits_B_L_V = model(
+        input_ids=input_ids_B_L, attention_mask=attention_mask_B_L, position_ids=position_ids_B_L
+    ).logits
+    logits_B_L_V = logits_B_L_V[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits_B_L_V = logits_B_L_V / temperature
+    targets_B_L = input_ids_B_L[:, 1:]
+    return torch.log_softmax(logits_B_L_V, dim=-1).gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1)

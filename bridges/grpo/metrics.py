@@ -1,0 +1,85 @@
+"""Where a run reports: ``metrics.jsonl`` (always), the console, wandb (``report_to=wandb``), a PNG curve.
+
+``metrics.jsonl`` is the source of truth; everything else is a view of it. On resume the lines
+of steps after the checkpoint are dropped, so a resumed run's file reads like one straight run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from bridges.errors import ConfigError, require_extra
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, config: dict[str, Any], report_to: str = "none", resume_step: int = 0):
+        if report_to not in ("none", "wandb"):
+            raise ConfigError(f"report_to must be 'none' or 'wandb', got '{report_to}'.")
+        self.path = run_dir / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = []
+        if self.path.exists():
+            kept = [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+            self.rows = [r for r in kept if r.get("step", 0) <= resume_step]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        self._file = self.path.open("a")
+        self._wandb = None
+        if report_to == "wandb":
+            wandb = require_extra("wandb", "wandb", "report_to=wandb")
+            if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+                os.environ["WANDB_MODE"] = "offline"  # no key, no network: log locally, sync later
+            self._wandb = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "rl-bridges"),
+                name=run_dir.name,
+                dir=str(run_dir),
+                config=config,
+                resume="allow",
+            )
+
+    def log(self, row: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self.rows.append(clean)
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=int(row["step"]))
+
+    def close(self) -> None:
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def plot_reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """A PNG of per-step mean reward with a moving average; None when there is nothing to plot."""
+    points = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rewards = zip(*points, strict=True)
+    window = max(1, len(rewards) // 10)
+    smooth = [
+        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+        for i in range(len(rewards))
+    ]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
+    ax.plot(steps, rewards, alpha=0.35, label="mean reward")
+    ax.plot(steps, smooth, linewidth=2, label=f"moving average ({window})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02 if max(rewards) <= 1 else None)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

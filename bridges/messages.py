@@ -1,0 +1,128 @@
+"""Normalise chat messages from any source into plain OpenAI dicts.
+
+Environments, the client layer and the results writer all see messages coming from three places:
+plain dicts (datasets, environment code), openai SDK pydantic objects (``ChatCompletionMessage``
+returned by a client) and verifiers-style objects with attributes. Everything downstream (ledger
+matching, JSON records, chat templates) wants one shape, so this module is the single place that
+decides it. It sits on the hot path of every model call, hence the quick path for dicts that are
+already in canonical form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+_KNOWN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"})
+_OPTIONAL_KEYS = ("tool_call_id", "name", "reasoning_content")
+
+
+def _get(obj: Any, key: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key)
+    value = getattr(obj, key, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None)
+        if extra:
+            value = extra.get(key)
+    return value
+
+
+def _content_to_str(content: Any) -> str | None:
+    """Join text parts; multimodal parts other than text carry no text and are dropped."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+                continue
+            kind = _get(part, "type")
+            text = _get(part, "text")
+            if (kind in (None, "text", "input_text", "output_text")) and isinstance(text, str):
+                parts.append(text)
+        return "".join(parts)
+    return str(content)
+
+
+def _tool_call_to_dict(call: Any) -> dict[str, Any]:
+    function = _get(call, "function")
+    if function is None:  # flat shape {"id", "name", "arguments"} used by some libraries
+        name, arguments = _get(call, "name"), _get(call, "arguments")
+    else:
+        name, arguments = _get(function, "name"), _get(function, "arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {
+        "id": _get(call, "id") or "",
+        "type": "function",
+        "function": {"name": name or "", "arguments": arguments},
+    }
+
+
+def _is_canonical(message: dict[str, Any]) -> bool:
+    if not message.keys() <= _KNOWN_KEYS or "role" not in message:
+        return False
+    content = message.get("content")
+    if content is None:
+        if message["role"] != "assistant" or "content" not in message:
+            return False
+    elif not isinstance(content, str):
+        return False
+    if any(key in message and message[key] is None for key in _OPTIONAL_KEYS):
+        return False
+    calls = message.get("tool_calls")
+    if calls is None:
+        return "tool_calls" not in message
+    for call in calls:
+        if not isinstance(call, dict) or call.get("type") != "function" or "id" not in call:
+            return False
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+            return False
+    return bool(calls)
+
+
+def to_message_dict(message: Any) -> dict[str, Any]:
+    """Return ``message`` as a fresh plain dict with the canonical key set.
+
+    Keys: ``role``, ``content`` (a string; ``None`` kept only for an assistant message that only calls
+    tools), and only when present ``tool_calls``, ``tool_call_id``, ``name``, ``reasoning_content``.
+    """
+    if isinstance(message, dict) and _is_canonical(message):
+        out = dict(message)
+        if "tool_calls" in out:
+            out["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": dict(c["function"])}
+                for c in out["tool_calls"]
+            ]
+        return out
+    role = _get(message, "role")
+    if role is None:
+        raise ValueError(f"a chat message needs a 'role'; got {type(message).__name__} {message!r:.200}.")
+    role = str(getattr(role, "value", role))
+    content = _content_to_str(_get(message, "content"))
+    out: dict[str, Any] = {"role": role, "content": content}
+    calls = _get(message, "tool_calls")
+    if calls:
+        out["tool_calls"] = [_tool_call_to_dict(call) for call in calls]
+    if content is None and not (role == "assistant" and calls):
+        out["content"] = ""
+    for key in _OPTIONAL_KEYS:
+        value = _get(message, key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def to_message_dicts(messages: Iterable[Any] | None) -> list[dict[str, Any]]:
+    """Normalise a whole conversation (``None`` -> empty list; a bare string -> one user message)."""
+    if messages is None:
+        return []
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return [to_message_dict(m) for m in messages]

@@ -1,0 +1,288 @@
+"""EngineClient as an AsyncOpenAI: argument mapping, refusals, errors, response extras, completions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+
+from bridges.client import EngineClient, UnsupportedEndpointError
+from bridges.errors import EngineError, PromptTooLongError
+
+USER = [{"role": "user", "content": "What is 2+3?"}]
+ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+async def test_is_a_real_async_openai_with_served_resources(make_client):
+    client, _ = make_client(["Five."])
+    assert isinstance(client, openai.AsyncOpenAI)
+    r = await client.chat.completions.create(model="policy", messages=USER)
+    assert isinstance(r, ChatCompletion)
+    assert r.model == "policy" and r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.usage.prompt_tokens == len(r.prompt_token_ids)
+    assert r.usage.completion_tokens == len(r.choices[0].token_ids)
+    page = await client.models.list()
+    assert [m.id for m in page.data] == ["bridges"]
+    assert [m.id async for m in client.models.list()] == ["bridges"]
+    assert (await client.models.retrieve("bridges")).owned_by == "scripted"
+
+
+async def test_other_endpoints_fail_with_one_sentence(make_client):
+    client, _ = make_client()
+    with pytest.raises(UnsupportedEndpointError, match=r"POST /v1/embeddings is not available"):
+        await client.embeddings.create(model="m", input="x")
+
+
+async def test_sampling_arguments_reach_the_engine(make_client):
+    client, engine = make_client(["ok"])
+    await client.chat.completions.create(
+        model="m",
+        messages=USER,
+        max_tokens=50,
+        max_completion_tokens=20,
+        temperature=0.7,
+        top_p=0.9,
+        stop=["\n\n", "END"],
+        seed=11,
+        n=2,
+        extra_body={"top_k": 5, "stop_token_ids": [7], "return_token_ids": True},
+        user="u",
+        metadata={"k": "v"},
+        store=False,
+        stream=False,
+        parallel_tool_calls=True,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        top_logprobs=0,
+        response_format=openai.NOT_GIVEN,
+        logit_bias=openai.omit,
+    )
+    call = engine.calls[-1]
+    params = call.params
+    assert call.n == 2
+    assert (params.max_tokens, params.temperature, params.top_p, params.seed) == (20, 0.7, 0.9, 11)
+    assert (params.stop, params.top_k, params.stop_token_ids) == (["\n\n", "END"], 5, [7])
+
+
+async def test_max_tokens_defaults_to_the_rest_of_the_context_window(make_client):
+    client, engine = make_client(["ok"], engine_kwargs={"max_model_len": 100})
+    r = await client.chat.completions.create(model="m", messages=USER)
+    assert engine.calls[-1].params.max_tokens == 100 - len(r.prompt_token_ids)
+    await client.chat.completions.create(model="m", messages=USER, max_tokens=1000)
+    assert engine.calls[-1].params.max_tokens == 100 - len(r.prompt_token_ids)  # clamped to the window
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"stream": True}, "stream"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1.0}, "frequency_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+        ({"tool_choice": "required", "tools": [ADD_TOOL]}, "tool_choice"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "add"}}, "tools": [ADD_TOOL]},
+            "tool_choice",
+        ),
+        ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"store": True}, "store"),
+        ({"service_tier": "flex"}, "service_tier"),
+    ],
+)
+async def test_arguments_the_engine_cannot_honour_are_refused_by_name(make_client, kwargs, param):
+    client, engine = make_client()
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="m", messages=USER, **kwargs)
+    assert f"'{param}'" in info.value.message
+    assert info.value.param == param and info.value.status_code == 400
+    assert engine.calls == []  # refused before anything ran
+
+
+async def test_unknown_keyword_is_a_type_error_like_the_sdk(make_client):
+    client, _ = make_client()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+        await client.chat.completions.create(model="m", messages=USER, temprature=0.5)
+    with pytest.raises(TypeError, match="'model'"):
+        await client.chat.completions.create(messages=USER)
+
+
+async def test_bad_messages_are_bad_requests(make_client):
+    client, _ = make_client()
+    for messages in ([], "hello", [{"content": "no role"}]):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="m", messages=messages)
+        assert info.value.param == "messages"
+
+
+async def test_prompt_too_long_has_its_code(make_client):
+    client, engine = make_client(engine_kwargs={"max_model_len": 32})
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 40}])
+    assert info.value.code == "prompt_too_long" and "context window is 32" in info.value.message
+    assert engine.calls == []
+    engine.fail_with = PromptTooLongError("the prompt does not fit.")
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="m", messages=USER)
+    assert info.value.code == "prompt_too_long"
+
+
+async def test_engine_timeout_and_failures_map_to_sdk_errors(make_client):
+    client, engine = make_client(engine_kwargs={"delay": 0.5}, request_timeout=0.05)
+    with pytest.raises(openai.APITimeoutError, match="did not answer within 0.05 s"):
+        await client.chat.completions.create(model="m", messages=USER)
+    client, engine = make_client(engine_kwargs={"delay": 0.5})
+    with pytest.raises(openai.APITimeoutError):
+        await client.chat.completions.create(model="m", messages=USER, timeout=0.05)
+    slow = client.with_options(timeout=0.05)
+    assert slow.ledger is client.ledger and slow.engine is client.engine
+    with pytest.raises(openai.APITimeoutError):
+        await slow.chat.completions.create(model="m", messages=USER)
+    engine.delay = 0.0
+    engine.fail_with = EngineError("CUDA out of memory")
+    with pytest.raises(openai.InternalServerError, match="CUDA out of memory"):
+        await client.chat.completions.create(model="m", messages=USER)
+    engine.fail_with = RuntimeError("boom")
+    with pytest.raises(openai.InternalServerError, match="RuntimeError: boom"):
+        await client.chat.completions.create(model="m", messages=USER)
+
+
+async def test_aborted_sample_is_an_engine_error(make_client):
+    client, engine = make_client(["ok"])
+    original = engine._sample
+
+    def aborted(text, params):
+        sample = original(text, params)
+        sample.finish_reason = "abort"
+        return sample
+
+    engine._sample = aborted
+    with pytest.raises(openai.InternalServerError, match="aborted"):
+        await client.chat.completions.create(model="m", messages=USER)
+
+
+async def test_logprobs_and_extras_line_up_with_token_ids(make_client, tok):
+    client, engine = make_client(["<think>2+3</think>It is 5."], engine_kwargs={"weight_version": 7})
+    r = await client.chat.completions.create(model="m", messages=USER, logprobs=True)
+    choice = r.choices[0]
+    assert len(choice.logprobs.content) == len(choice.token_ids) == len(choice.token_logprobs)
+    assert [e.logprob for e in choice.logprobs.content] == choice.token_logprobs
+    assert "".join(e.token for e in choice.logprobs.content) == "<think>2+3</think>It is 5.<|im_end|>"
+    assert choice.message.reasoning_content == "2+3" and choice.message.content == "It is 5."
+    assert r.weight_version == 7
+    plain = await client.chat.completions.create(model="m", messages=USER)
+    assert plain.choices[0].logprobs is None and len(plain.choices[0].token_logprobs) == len(
+        plain.choices[0].token_ids
+    )
+
+
+async def test_unclosed_think_is_all_reasoning(make_client):
+    client, _ = make_client(["<think>still thinking about"])
+    r = await client.chat.completions.create(model="m", messages=USER, max_tokens=10)
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.reasoning_content == "still thi" and r.choices[0].message.content == ""
+
+
+async def test_tool_calls_parsed_only_when_tools_are_offered(make_client):
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    client, _ = make_client([text])
+    r = await client.chat.completions.create(model="m", messages=USER, tools=[ADD_TOOL])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    again = await client.chat.completions.create(model="m", messages=USER, tools=[ADD_TOOL])
+    assert again.choices[0].message.tool_calls[0].id == call.id  # same sample -> same id
+    for kwargs in ({}, {"tools": [ADD_TOOL], "tool_choice": "none"}):
+        r = await client.chat.completions.create(model="m", messages=USER, **kwargs)
+        assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == text
+        assert r.choices[0].finish_reason == "stop"
+
+
+async def test_llama3_parser_is_selectable(make_client):
+    client, _ = make_client(['{"name": "add", "parameters": {"a": 1}}'], tool_parser="llama3_json")
+    r = await client.chat.completions.create(model="m", messages=USER, tools=[ADD_TOOL])
+    assert r.choices[0].message.tool_calls[0].function.name == "add"
+    with pytest.raises(ValueError, match="unknown tool_parser"):
+        make_client(tool_parser="mistral")
+
+
+async def test_stop_token_id_is_not_shown_in_content(make_client, tok):
+    marker = tok.convert_tokens_to_ids("</tool_call>")
+    client, _ = make_client(["abc</tool_call>def"])
+    r = await client.chat.completions.create(
+        model="m", messages=USER, extra_body={"stop_token_ids": [marker]}
+    )
+    assert r.choices[0].token_ids[-1] == marker and r.choices[0].message.content == "abc"
+
+
+async def test_completions_with_text_and_token_prompts(make_client, tok):
+    client, engine = make_client(["continued text that is long"])
+    r = await client.completions.create(model="m", prompt="Once upon")
+    assert r.prompt_token_ids == tok.backend_tokenizer.encode("Once upon", add_special_tokens=False).ids
+    assert engine.calls[-1].params.max_tokens == 16 and r.choices[0].finish_reason == "length"
+    assert r.choices[0].text == "continued text t" and len(r.choices[0].token_ids) == 16
+    r = await client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=40, logprobs=0, stop=["text"])
+    choice = r.choices[0]
+    assert r.prompt_token_ids == [5, 6, 7] and engine.calls[-1].prompt_ids == [5, 6, 7]
+    assert choice.text == "continued " and choice.finish_reason == "stop"
+    assert len(choice.logprobs.tokens) == len(choice.token_ids) == len(choice.logprobs.token_logprobs)
+    for kwargs, param in (
+        ({"logprobs": 2}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.completions.create(model="m", prompt="x", **kwargs)
+        assert info.value.param == param
+    with pytest.raises(openai.BadRequestError, match="batched prompts are not supported"):
+        await client.completions.create(model="m", prompt=["a", "b"])
+
+
+async def test_concurrent_calls_are_independent(make_client):
+    client, _ = make_client(lambda prompt, i: f"answer {i}", engine_kwargs={"delay": 0.01})
+    results = await asyncio.gather(
+        *(
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}])
+            for i in range(16)
+        )
+    )
+    assert len({r.id for r in results}) == 16
+    assert sorted(r.choices[0].message.content for r in results) == sorted(f"answer {i}" for i in range(16))
+
+
+def test_constructor_validates(make_engine: Any):
+    with pytest.raises(ValueError, match="request_timeout must be positive"):
+        EngineClient(make_engine(), request_timeout=0)
+    with pytest.raises(ValueError, match="ledger_capacity must be at least 1"):
+        EngineClient(make_engine(), ledger_capacity=0)
+
+
+async def test_a_timed_out_call_leaves_the_task_usable_and_outer_cancel_propagates(make_client):
+    client, engine = make_client(["ok"], engine_kwargs={"delay": 0.5}, request_timeout=0.05)
+    with pytest.raises(openai.APITimeoutError):
+        await client.chat.completions.create(model="m", messages=USER)
+    assert asyncio.current_task().cancelling() == 0  # no cancellation left pending on the caller
+    engine.delay = 0.0
+    r = await client.chat.completions.create(model="m", messages=USER)
+    assert r.choices[0].message.content == "ok"
+    engine.delay = 0.5
+    client.request_timeout = 5.0
+    task = asyncio.create_task(client.chat.completions.create(model="m", messages=USER))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # a cancellation from outside is not turned into a timeout

@@ -1,0 +1,130 @@
+"""bridges.serve: the same client over HTTP for the stock SDK, auth, errors, bind safety, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from bridges.errors import ConfigError
+from bridges.serve import ServeConfig, build_engine, check_bind, serve_in_thread
+
+USER = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture
+def served(make_client) -> Iterator[tuple[Any, Any, Any]]:
+    client, engine = make_client(["<think>adding</think>Five.", "Sure."], engine_kwargs={"weight_version": 3})
+    with serve_in_thread(client) as server:
+        yield server, client, engine
+
+
+def sdk(server: Any, api_key: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key=api_key, max_retries=0)
+
+
+async def test_stock_sdk_gets_the_same_response_with_extras(served, tok):
+    server, client, engine = served
+    remote = sdk(server)
+    r1 = await remote.chat.completions.create(model="m", messages=USER, extra_body={"top_k": 4})
+    assert engine.calls[-1].params.top_k == 4
+    assert r1.prompt_token_ids == tok.apply_chat_template(USER, add_generation_prompt=True)["input_ids"]
+    choice = r1.choices[0]
+    assert choice.message.content == "Five." and choice.message.reasoning_content == "adding"
+    assert choice.token_ids == tok.backend_tokenizer.encode("<think>adding</think>Five.").ids + [
+        tok.eos_token_id
+    ]
+    assert len(choice.token_logprobs) == len(choice.token_ids) and r1.weight_version == 3
+    # the ledger works over HTTP: the second turn extends the first exactly, with zero drift
+    follow = [*USER, choice.message, {"role": "user", "content": "Sure?"}]
+    r2 = await remote.chat.completions.create(model="m", messages=follow, extra_body={"return_drift": True})
+    history = r1.prompt_token_ids + choice.token_ids
+    assert r2.prompt_token_ids[: len(history)] == history
+    assert (r2.drift_tokens, r2.drifted_turns) == (0, 0)
+    completion = await remote.completions.create(model="m", prompt="abc", max_tokens=3)
+    assert completion.prompt_token_ids == tok.backend_tokenizer.encode("abc").ids
+    assert len(completion.choices[0].token_ids) == 3 and completion.choices[0].finish_reason == "length"
+    assert [m.id for m in (await remote.models.list()).data] == ["bridges"]
+
+
+async def test_errors_are_openai_error_json(served):
+    server, client, engine = served
+    remote = sdk(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        await remote.chat.completions.create(
+            model="m", messages=USER, response_format={"type": "json_object"}
+        )
+    assert info.value.param == "response_format" and "'response_format'" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        await remote.chat.completions.create(model="m", messages=USER, extra_body={"min_p": 0.1})
+    assert info.value.param == "min_p"
+    with pytest.raises(openai.BadRequestError, match="'stream'=True"):
+        await remote.chat.completions.create(model="m", messages=USER, stream=True)
+    engine.max_model_len = 16
+    with pytest.raises(openai.BadRequestError) as info:
+        await remote.chat.completions.create(model="m", messages=USER)
+    assert info.value.code == "prompt_too_long"
+    engine.max_model_len = 4096
+    engine.fail_with = RuntimeError("boom")
+    with pytest.raises(openai.InternalServerError, match="boom") as info:
+        await remote.chat.completions.create(model="m", messages=USER)
+    assert info.value.status_code == 500
+    engine.fail_with = None
+    client.request_timeout = 0.05
+    engine.delay = 0.5
+    with pytest.raises(openai.APIStatusError) as info:
+        await remote.chat.completions.create(model="m", messages=USER)
+    assert info.value.status_code == 504
+
+
+def test_raw_http_edges(served):
+    server, _, _ = served
+    with httpx.Client(base_url=server.url) as http:
+        assert http.get("/health").json() == {"status": "ok", "model": "bridges"}
+        missing = http.post("/v1/chat/completions", json={"model": "m"})
+        assert missing.status_code == 400 and "'messages'" in missing.json()["error"]["message"]
+        assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
+        unknown = http.get("/v1/embeddings")
+        assert unknown.status_code == 404 and "not served" in unknown.json()["error"]["message"]
+
+
+async def test_api_key_is_required_when_set(make_client):
+    client, _ = make_client(["ok"])
+    with serve_in_thread(client, api_key="s3cret") as server:
+        with pytest.raises(openai.AuthenticationError):
+            await sdk(server, api_key="wrong").chat.completions.create(model="m", messages=USER)
+        r = await sdk(server, api_key="s3cret").chat.completions.create(model="m", messages=USER)
+        assert r.choices[0].message.content == "ok"
+        assert httpx.get(f"{server.base_url}/models").status_code == 401
+
+
+def test_non_loopback_without_api_key_is_refused():
+    with pytest.raises(
+        ConfigError, match="refusing to serve on non-loopback host '0.0.0.0' without an api_key"
+    ):
+        check_bind("0.0.0.0", None)
+    check_bind("0.0.0.0", "key")
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("localhost", None)
+    with pytest.raises(ConfigError, match="unknown engine 'mlx'"):
+        build_engine(ServeConfig(engine="mlx"))
+
+
+def test_cli_refuses_an_open_bind_in_one_sentence():
+    result = subprocess.run(
+        [sys.executable, "-m", "bridges.serve", "host=0.0.0.0", "api_key=null"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: refusing to serve on non-loopback host '0.0.0.0'")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,71 @@
+"""Shared fixtures: one tiny model per test session, and a fresh engine per test over its weights.
+
+Building the tiny model takes a second and loading it a little less; tests would pay that hundreds
+of times without session scope. The engine itself is cheap, so each test gets its own (clean
+counters, its own event-loop state), while the weights are shared.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bridges_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point ``BRIDGES_CACHE_DIR`` at a session temp dir, so tests never touch the user's cache.
+
+    An already-set variable is kept: a developer (or CI) can reuse one cache across runs that way.
+    Subprocesses started by tests inherit the variable and so find the same tiny model.
+    """
+    existing = os.environ.get("BRIDGES_CACHE_DIR")
+    if existing:
+        yield Path(existing)
+        return
+    path = tmp_path_factory.mktemp("bridges-cache")
+    os.environ["BRIDGES_CACHE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop("BRIDGES_CACHE_DIR", None)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(bridges_cache_dir: Path) -> Path:
+    """The folder of the tiny model (seed 0), built once per session."""
+    from bridges.tiny import tiny_model_path
+
+    return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_path: Path) -> Any:
+    """The tiny tokenizer, loaded through ``AutoTokenizer`` like any checkpoint's. Do not mutate it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_path: Path) -> Any:
+    """The tiny model in eval mode, shared by the whole session: tests must not change its weights
+    (load a private copy with ``AutoModelForCausalLM.from_pretrained(tiny_path)`` for that)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+
+
+@pytest.fixture
+def hf_engine(tiny_model: Any, tiny_tokenizer: Any) -> Iterator[Any]:
+    """A fresh ``HFEngine`` (own stats, queues, weight_version 0) over the shared tiny model."""
+    from adapters.hf import HFEngine
+
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    try:
+        yield engine
+    finally:
+        engine.close()

@@ -1,0 +1,26 @@
+"""The README's two first commands are the project's promise; CI must run exactly the test one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+    return [b.strip() for b in blocks[:2]]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    setup_and_main, tests = _readme_commands()
+    ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert tests in ci_lines
+    assert "pytest" in tests and "torch==2.13.0" in tests
+
+
+def test_readme_main_job_installs_cpu_torch_first_and_runs_a_bridges_module():
+    setup_and_main, _ = _readme_commands()
+    assert setup_and_main.index("torch==2.13.0") < setup_and_main.index("pip install -e")
+    assert "python -m bridges." in setup_and_main

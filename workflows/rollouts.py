@@ -1,0 +1,58 @@
+"""Run groups of rollouts through any ``AsyncOpenAI`` client and turn them into scored groups.
+
+This is the one place every backend goes through to get episodes: the GRPO trainer, TRL's
+``rollout_func``, verl's agent loop and the Tinker loop all call ``run_group``/``run_groups``, so
+failure isolation and advantage rules are identical everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from bridges.envs.base import Environment
+from workflows.advantages import AdvantageMethod, build_group
+from workflows.samples import episode_from_state
+from workflows.types import Group
+
+
+async def run_group(
+    env: Environment,
+    row: dict[str, Any],
+    client: Any,
+    n: int,
+    sampling_args: dict[str, Any] | None = None,
+    *,
+    model: str = "policy",
+    advantage: AdvantageMethod = "grpo",
+) -> Group:
+    """n rollouts of one task, scored as a group (group reward functions see all n), with advantages.
+
+    Rollout failures are recorded inside the states by the environment (never raised), so one bad
+    rollout cannot abort the group; it comes back masked with its stop reason.
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}.")
+    states = await env.run_group(row, client, model, n, sampling_args)
+    group = build_group([episode_from_state(s) for s in states], method=advantage)
+    group.states = list(states)
+    return group
+
+
+async def run_groups(
+    env: Environment,
+    rows: Sequence[dict[str, Any]],
+    client: Any,
+    n: int,
+    sampling_args: dict[str, Any] | None = None,
+    *,
+    model: str = "policy",
+    advantage: AdvantageMethod = "grpo",
+) -> list[Group]:
+    """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight)."""
+    return list(
+        await asyncio.gather(
+            *(run_group(env, row, client, n, sampling_args, model=model, advantage=advantage) for row in rows)
+        )
+    )

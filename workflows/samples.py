@@ -1,0 +1,135 @@
+"""Rollout state -> episode -> training samples.
+
+Turns are merged into one sample while each turn's prompt extends the previous prompt + sampled
+ids token-exactly (the token ledger guarantees that for our clients). When a turn does not extend
+(a client that re-renders history, a rewritten conversation), a new sample starts and the break is
+counted, instead of training on ids the model never saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridges.types import State
+from workflows.types import Episode, Step, TrainingSample, Trajectory
+
+
+def episode_from_state(state: State) -> Episode:
+    """Copy what training needs out of a finished, scored rollout state."""
+    steps = [
+        Step(
+            prompt_ids=list(turn.prompt_ids),
+            completion_ids=list(turn.completion_ids),
+            logprobs=list(turn.logprobs),
+            finish_reason=turn.finish_reason,
+            weight_version=turn.weight_version,
+        )
+        for turn in state.turns
+    ]
+    return Episode(
+        example_id=state.example_id,
+        task=state.task,
+        trajectories=[Trajectory(steps=steps)] if steps else [],
+        reward=state.reward,
+        metrics=dict(state.metrics),
+        stop_reason=state.stop_reason,
+        error=state.error,
+        drift_tokens=state.drift_tokens,
+        drifted_turns=state.drifted_turns,
+        prompt=list(state.prompt),
+        completion=list(state.completion),
+        answer=state.answer,
+    )
+
+
+@dataclass(slots=True)
+class SampleStats:
+    samples: int = 0
+    breaks: int = 0  # turns that did not extend the running sequence and started a new sample
+
+
+def _check_step(step: Step) -> None:
+    if len(step.logprobs) != len(step.completion_ids):
+        raise ValueError(
+            f"a step has {len(step.completion_ids)} completion ids but {len(step.logprobs)} logprobs; "
+            "the engine must return exactly one logprob per sampled id."
+        )
+
+
+def trajectory_to_samples(
+    trajectory: Trajectory,
+    *,
+    advantage: float,
+    reward: float | None,
+    example_id: int,
+    valid: bool = True,
+    stats: SampleStats | None = None,
+) -> list[TrainingSample]:
+    """Merge a trajectory's steps into as few samples as token-exact extension allows."""
+    samples: list[TrainingSample] = []
+    current: TrainingSample | None = None
+    for step in trajectory.steps:
+        _check_step(step)
+        running = current.token_ids if current is not None else None
+        if running is not None and step.prompt_ids[: len(running)] == running:
+            new_prompt = step.prompt_ids[len(running) :]
+        else:
+            if current is not None and stats is not None:
+                stats.breaks += 1
+            current = TrainingSample(
+                token_ids=[],
+                loss_mask=[],
+                logprobs=[],
+                advantage=advantage,
+                reward=reward,
+                example_id=example_id,
+                weight_version=step.weight_version,
+                valid=valid,
+            )
+            samples.append(current)
+            new_prompt = list(step.prompt_ids)
+        current.token_ids.extend(new_prompt)
+        current.loss_mask.extend([0] * len(new_prompt))
+        current.logprobs.extend([0.0] * len(new_prompt))
+        current.token_ids.extend(step.completion_ids)
+        current.loss_mask.extend([1] * len(step.completion_ids))
+        current.logprobs.extend(step.logprobs)
+        if step.weight_version is not None:
+            current.weight_version = min(current.weight_version or step.weight_version, step.weight_version)
+    if stats is not None:
+        stats.samples += len(samples)
+    return samples
+
+
+def episode_to_samples(
+    episode: Episode, advantage: float, stats: SampleStats | None = None
+) -> list[TrainingSample]:
+    """Training samples of one episode; an invalid episode yields fully masked samples (no gradient)."""
+    out: list[TrainingSample] = []
+    for trajectory in episode.trajectories:
+        samples = trajectory_to_samples(
+            trajectory,
+            advantage=advantage if episode.valid else 0.0,
+            reward=episode.reward,
+            example_id=episode.example_id,
+            valid=episode.valid,
+            stats=stats,
+        )
+        if not episode.valid:
+            for sample in samples:
+                sample.loss_mask = [0] * len(sample.loss_mask)
+        out.extend(samples)
+    return out
+
+
+def truncate_sample(sample: TrainingSample, max_length: int) -> TrainingSample:
+    """Cut a sample to ``max_length`` ids (a trainer's context budget), keeping lists aligned."""
+    if len(sample.token_ids) <= max_length:
+        return sample
+    return sample.model_copy(
+        update={
+            "token_ids": sample.token_ids[:max_length],
+            "loss_mask": sample.loss_mask[:max_length],
+            "logprobs": sample.logprobs[:max_length],
+        }
+    )

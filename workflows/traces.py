@@ -1,0 +1,67 @@
+"""Traces: every episode as one JSONL line with its provenance, re-scorable offline.
+
+A trace line is the full rollout record (``bridges.results.state_to_record``: messages, answer,
+info, token ids, reward, metrics, stop reason, error) plus where it came from (backend, engine,
+model, weight version, sampling args, environment id/args, seed, step) and the advantage it was
+trained with. Lines are flushed as each group finishes, so a crash loses no finished episode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workflows.types import Group
+
+
+class TraceWriter:
+    def __init__(self, path: str | Path, provenance: dict[str, Any]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.provenance = dict(provenance)
+        self._file = self.path.open("a")
+
+    def write_group(self, group: Group, **extra: Any) -> int:
+        """Append one line per episode of ``group``; returns the number of lines written."""
+        from bridges.results import state_to_record
+
+        for index, state in enumerate(group.states):
+            record = state_to_record(state)
+            record["advantage"] = group.advantages[index] if index < len(group.advantages) else 0.0
+            versions = [t.weight_version for t in state.turns if t.weight_version is not None]
+            line = {
+                **record,
+                "provenance": {
+                    **self.provenance,
+                    "weight_version": min(versions) if versions else None,
+                    **extra,
+                },
+            }
+            self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        return len(group.states)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield trace lines; a truncated last line (a crash mid-write) is skipped, not fatal."""
+    with Path(path).open() as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                if fh.readline() == "":  # only the very last line may be cut short
+                    return
+                raise ValueError(f"{path}:{number} is not valid JSON; the trace file is corrupted.") from None
