@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -33,11 +35,19 @@ def _valid_keys(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
+@functools.cache
+def _field_types(schema: type) -> dict[str, Any]:
+    """Resolved field annotations (modules use ``from __future__ import annotations``, so they are strings)."""
+    return typing.get_type_hints(schema)
+
+
+def _is_dict_type(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
+
+
 def _nested_schema(schema: type, key: str) -> type | None:
-    for f in dataclasses.fields(schema):
-        if f.name == key and dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
-            return f.type  # type: ignore[return-value]
-    return None
+    tp = _field_types(schema).get(key)
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
 
 
 def _unknown_key_error(key: str, schema: type, prefix: str = "") -> ConfigError:
@@ -97,17 +107,15 @@ def _nest(dotted: str, value: Any) -> dict[str, Any]:
 
 
 def _is_open(schema: type, dotted: str) -> bool:
-    """True when ``dotted`` lands inside a dict-typed (free-form) field."""
+    """True when ``dotted`` lands inside a dict-typed (free-form) field such as ``env_args``."""
     current: type | None = schema
     for part in dotted.split("."):
         if current is None:
-            return True
-        fields = {f.name: f for f in dataclasses.fields(current)}
-        if part not in fields:
             return False
-        ftype = fields[part].type
-        ftype_str = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
-        if "dict" in str(ftype_str).lower():
+        types = _field_types(current)
+        if part not in types:
+            return False
+        if _is_dict_type(types[part]):
             return True
         current = _nested_schema(current, part)
     return False
@@ -121,7 +129,10 @@ def _check_keys(schema: type, tree: dict[str, Any], prefix: str = "") -> None:
         if _is_open(schema, key):
             continue
         nested = _nested_schema(schema, key)
-        if nested is not None and isinstance(value, dict):
+        if isinstance(value, dict):
+            if nested is None:
+                sub = next(iter(value))
+                raise ConfigError(f"config key '{prefix}{key}' is a single value and has no sub-key '{sub}'.")
             _check_keys(nested, value, prefix=f"{prefix}{key}.")
 
 

@@ -22,11 +22,11 @@ class SamplingConfig:
 @dataclass
 class TrainerConfig:
     # schedule
-    max_steps: int = 200
+    max_steps: int = 300
     batch_size: int = 16  # prompts (groups) per optimizer step
     group_size: int = 16  # rollouts per prompt
     # optimisation (defaults tuned for the embedded tiny model; real checkpoints want ~1e-6 full, ~1e-5 LoRA)
-    learning_rate: float = 3e-3
+    learning_rate: float = 1.5e-3
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

@@ -6,9 +6,11 @@ per-token logprobs and the policy's weight version of every call.
 
 Fast path: ``chat.completions.create``, ``completions.create`` and ``models.list`` are overridden
 and run in-process. The SDK's per-request transform, HTTP round trip and response parsing
-(~3.7 ms per call here, DESIGN §5) are skipped; the response is built as a plain dict and
-validated once with ``model_validate`` (~7 us). Every other SDK method still exists but reaches
-a transport that answers with one sentence saying the endpoint is not served in-process.
+(1-4 ms per call on the dev machine: DESIGN §5, benchmarks/client_overhead.py) are skipped; the
+response is built as a plain dict and validated once with ``model_validate`` (~4-7 us), the id
+lists attached afterwards (validating them would cost O(sequence length)). Every other SDK method
+still exists but reaches a transport that answers with one sentence saying the endpoint is not
+served in-process.
 """
 
 from __future__ import annotations
@@ -364,7 +366,9 @@ class EngineClient(openai.AsyncOpenAI):
             choices.append(choice)
             sampled = tuple(sample.token_ids)
             closing = renderer.closing_ids(sampled, sample.finish_reason, tools, tkey)
-            record = LedgerRecord(parent, added, sampled, closing, num_messages, tools, tkey, restart, drifted)
+            record = LedgerRecord(
+                parent, added, sampled, closing, num_messages, tools, tkey, restart, drifted
+            )
             self.ledger.put(extend_hash(last_hash, choice["message"]), record)
             if first_record is None:
                 first_record = record

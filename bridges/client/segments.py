@@ -59,7 +59,9 @@ class SegmentEncoder:
         self._encode_batch = getattr(backend, "encode_batch_fast", None)
         added = getattr(tokenizer, "added_tokens_decoder", {}).values()
         self.split_tokens = split_tokens(added, bool(getattr(backend, "encode_special_tokens", False)))
-        self._split = re.compile("(" + "|".join(map(re.escape, self.split_tokens)) + ")") if self.split_tokens else None
+        self._split = (
+            re.compile("(" + "|".join(map(re.escape, self.split_tokens)) + ")") if self.split_tokens else None
+        )
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cache_size = cache_size
 

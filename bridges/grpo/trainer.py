@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import os
 import random
 import time
@@ -124,14 +125,19 @@ async def sync_weights(engine: Any, policy: torch.nn.Module) -> None:
 # The data order: a seeded permutation per epoch, addressed by a position that a checkpoint stores
 
 
+@functools.lru_cache(maxsize=4)
+def _epoch_order(size: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(size))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
 def rows_at(dataset: Any, position: int, count: int, seed: int) -> list[dict[str, Any]]:
     size = len(dataset)
     rows = []
     for pos in range(position, position + count):
         epoch, offset = divmod(pos, size)
-        order = list(range(size))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        rows.append(dataset[order[offset]])
+        rows.append(dataset[_epoch_order(size, seed, epoch)[offset]])
     return rows
 
 

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from bridges.client.ledger import LedgerRecord, TokenLedger, message_key, prefix_hashes
+from bridges.messages import to_message_dicts
 
 USER = {"role": "user", "content": "What is 2+3?"}
 
@@ -15,9 +16,10 @@ def ids_of(tok: Any, text: str) -> list[int]:
 
 
 def full_render(tok: Any, messages: list[Any], tools: Any = None) -> list[int]:
-    return tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True)[
-        "input_ids"
-    ]
+    """The reference render: transformers' own template call on plain dicts (it cannot read SDK objects)."""
+    return tok.apply_chat_template(
+        to_message_dicts(messages), tools=tools, tokenize=True, add_generation_prompt=True
+    )["input_ids"]
 
 
 async def test_second_turn_extends_first_exactly(make_client, tok):
@@ -245,7 +247,9 @@ def test_ledger_lru_evicts_least_recently_used():
 
 async def test_content_parts_render_like_text_and_extend(make_client, tok):
     client, _ = make_client(["Five.", "ok"])
-    parts = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]}]
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+3?"}]}
+    ]
     r1 = await client.chat.completions.create(model="m", messages=parts)
     assert r1.prompt_token_ids == full_render(tok, [USER])
     follow = [*parts, r1.choices[0].message, {"role": "user", "content": [{"type": "text", "text": "Sure?"}]}]

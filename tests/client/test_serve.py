@@ -128,3 +128,43 @@ def test_cli_refuses_an_open_bind_in_one_sentence():
     assert result.returncode == 2
     assert result.stderr.startswith("error: refusing to serve on non-loopback host '0.0.0.0'")
     assert "Traceback" not in result.stderr
+
+
+def test_cli_serves_the_tiny_model_end_to_end(tiny_path):
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridges.serve", "model=tiny", "engine=hf", f"port={port}", "api_key=null"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        body = {"model": "tiny", "messages": USER, "max_tokens": 4, "temperature": 0, "return_drift": True}
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+        choice = reply["choices"][0]
+        assert 1 <= len(choice["token_ids"]) <= 4 and len(choice["token_logprobs"]) == len(
+            choice["token_ids"]
+        )
+        assert reply["prompt_token_ids"] and reply["drift_tokens"] == 0 and reply["model"] == "tiny"
+        bad = httpx.post(f"{base}/v1/chat/completions", json={**body, "presence_penalty": 1.0}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "presence_penalty"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

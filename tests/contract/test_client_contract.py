@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from bridges.client.tool_calls import tool_call_id
+from bridges.messages import to_message_dicts
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -61,7 +62,9 @@ async def test_multi_turn_prompts_extend_token_exactly_with_zero_drift(path, too
     assert r2.prompt_token_ids == r1.prompt_token_ids + r1.choices[0].token_ids + encode(tok, bridge_text)
     assert (
         r2.prompt_token_ids
-        == tok.apply_chat_template(messages, tools=tool_case.tools, add_generation_prompt=True)["input_ids"]
+        == tok.apply_chat_template(
+            to_message_dicts(messages), tools=tool_case.tools, add_generation_prompt=True
+        )["input_ids"]
     )
     assert (r2.drift_tokens, r2.drifted_turns) == (0, 0)
     # a third turn keeps extending the same ledger
