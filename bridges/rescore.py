@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from bridges.registry import load_environment
     from workflows.traces import read_traces
 
-    config = parse_config(RescoreConfig, argv or [])
+    config = parse_config(RescoreConfig, sys.argv[1:] if argv is None else argv)
     if not config.traces or not config.env:
         raise ConfigError(
             "both traces=<file> and env=<id> are required, e.g. traces=runs/x/traces.jsonl env=reverse_text."
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"written to {output}")
     return 0
+
+
+def cli() -> None:
+    """Console-script entry point: errors print as one sentence and exit 2, as with ``python -m``."""
+    run_cli(main)
 
 
 if __name__ == "__main__":

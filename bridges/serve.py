@@ -272,5 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli() -> None:
+    """Console-script entry point: errors print as one sentence and exit 2, as with ``python -m``."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
     run_cli(main)

@@ -7,18 +7,25 @@ engine, the tiny model and the ``repeat_letter`` toy environment, on CPU in a fe
 
 from __future__ import annotations
 
+import sys
+
 from bridges.backends import resolve_backend
 from bridges.config import parse_config, run_cli, to_yaml
 from bridges.train_config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(TrainConfig, argv or [])
+    config = parse_config(TrainConfig, sys.argv[1:] if argv is None else argv)
     runner = resolve_backend(config.backend)
     if config.dry_run and config.backend == "grpo":
         print(to_yaml(config), end="")
         return 0
     return int(runner(config) or 0)
+
+
+def cli() -> None:
+    """Console-script entry point: errors print as one sentence and exit 2, as with ``python -m``."""
+    run_cli(main)
 
 
 if __name__ == "__main__":

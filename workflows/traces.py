@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bridges.errors import ConfigError
 from workflows.types import Group
 
 
@@ -64,4 +65,6 @@ def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
             except json.JSONDecodeError:
                 if fh.readline() == "":  # only the very last line may be cut short
                     return
-                raise ValueError(f"{path}:{number} is not valid JSON; the trace file is corrupted.") from None
+                raise ConfigError(
+                    f"{path}:{number} is not valid JSON; the trace file is corrupted."
+                ) from None

@@ -12,8 +12,6 @@ from bridges.grpo.batching import collate
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from workflows.types import TrainingSample
 
-pytest.importorskip("trl")
-
 
 def _batch(
     tokenizer, generator: torch.Generator, size: int = 4, prompt_len: int = 6, completion_len: int = 5

@@ -1,0 +1,42 @@
+"""Every script in examples/ runs as its docstring says, on the tiny model, with no download."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+def test_my_env_evaluates_from_its_folder(tmp_path: Path):
+    out = tmp_path / "my_env"
+    result = run(
+        "-m", "bridges.eval", "env=my_env", "model=tiny", "num_examples=3", "rollouts_per_example=2",
+        "progress=false", f"output={out}", cwd=EXAMPLES,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["stop_reason"] == "completed" for r in rows)
+    for r in rows:  # the reward is the weighted sum of the two functions, each also kept as a metric
+        assert r["reward"] == r["metrics"]["correct"] + 0.1 * r["metrics"]["short"]
+    assert {k: rows[0]["prompt"][0][k] for k in ("role", "content")} == {
+        "role": "system",
+        "content": "Answer with the number only.",
+    }
+
+
+def test_token_exact_client_reuses_the_first_turn(tmp_path: Path):
+    result = run(str(EXAMPLES / "token_exact_client.py"))
+    assert result.returncode == 0, result.stderr
+    assert "drift_tokens=0" in result.stdout and "reused from turn 1" in result.stdout
