@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def maybe_await(value: Any) -> Any:
@@ -51,3 +55,26 @@ def describe_exception(exc: BaseException) -> str:
     """``Type: text`` on one line, the form every recorded error uses."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from sync code: on a fresh loop, or, when this thread already runs
+    one (a notebook, a trainer's callback), on a helper thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="bridges-sync-run")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

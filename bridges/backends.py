@@ -16,6 +16,7 @@ from bridges.errors import ConfigError
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "grpo": "bridges.grpo.trainer:run",
+    "trl": "adapters.trl.backend:run",
 }
 
 ENTRY_POINT_GROUP = "rl_bridges.backends"

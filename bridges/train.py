@@ -7,6 +7,7 @@ engine, the tiny model and the ``repeat_letter`` toy environment, on CPU in a fe
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 from bridges.backends import resolve_backend
@@ -17,8 +18,11 @@ from bridges.train_config import TrainConfig
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(TrainConfig, sys.argv[1:] if argv is None else argv)
     runner = resolve_backend(config.backend)
-    if config.dry_run and config.backend == "grpo":
+    if config.dry_run:
         print(to_yaml(config), end="")
+        describe = getattr(inspect.getmodule(runner), "describe", None)
+        if describe is not None:  # what the backend would hand its native trainer
+            print(describe(config), end="")
         return 0
     return int(runner(config) or 0)
 

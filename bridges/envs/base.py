@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridges.asyncutils import LoopSemaphore, maybe_await
+from bridges.asyncutils import LoopSemaphore, maybe_await, run_sync
 from bridges.errors import ConfigError
 from bridges.messages import to_message_dicts
 from bridges.parsers import Parser
@@ -437,32 +437,10 @@ class Environment:
         )
 
     def generate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return _run_sync(self.generate(*args, **kwargs))
+        return run_sync(self.generate(*args, **kwargs))
 
     def evaluate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return _run_sync(self.evaluate(*args, **kwargs))
-
-
-def _run_sync(coro: Awaitable[GenerateResult]) -> GenerateResult:
-    """Run on a fresh loop; from inside a running loop (a notebook), run it on a helper thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)  # type: ignore[arg-type]
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="bridges-sync-run")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+        return run_sync(self.evaluate(*args, **kwargs))
 
 
 def _progress_bar(total: int, enabled: bool, desc: str) -> Any:

@@ -42,7 +42,7 @@ import torch
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from bridges.grpo.metrics import MetricsLogger, plot_reward_curve
+from bridges.metrics import MetricsLogger, plot_reward_curve
 from bridges.train_config import TrainConfig
 from workflows.rollouts import run_groups
 from workflows.samples import SampleStats, episode_to_samples, truncate_sample

@@ -1,4 +1,4 @@
-"""Where a run reports: ``metrics.jsonl`` (always), the console, wandb (``report_to=wandb``), a PNG curve.
+"""Where a training run reports, whatever its backend: ``metrics.jsonl`` (always), the console, wandb, a PNG curve.
 
 ``metrics.jsonl`` is the source of truth; everything else is a view of it. On resume the lines
 of steps after the checkpoint are dropped, so a resumed run's file reads like one straight run.

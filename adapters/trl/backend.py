@@ -1,0 +1,177 @@
+"""``python -m bridges.train backend=trl``: the shared configuration, trained by TRL's ``GRPOTrainer``.
+
+The shared keys map onto ``GRPOConfig`` once, here; every other ``GRPOConfig`` field passes
+through untouched from the ``trl.*`` section (``trl.scale_rewards=none``, ``trl.use_vllm=true``
+...), and wins over the mapping. The learning-rate schedule is constant after warmup, like
+``bridges.grpo``'s, so the two backends compare at equal settings.
+
+The run writes what every backend writes: ``runs/<run_name>/metrics.jsonl`` (one line per step with
+``step`` and ``reward/mean``, plus TRL's own log keys) and ``reward_curve.png``; TRL's checkpoints
+go to ``runs/<run_name>/checkpoint-<step>`` and ``resume=true`` continues from the latest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+from bridges.errors import ConfigError, require_extra
+from bridges.train_config import TrainConfig
+
+
+def completion_budget(config: TrainConfig, env: Any) -> int:
+    """TRL's ``max_completion_length``: the sampling cap, else a single-turn env's own cap, else the trainer's."""
+    from adapters.trl import needs_rollout_func
+
+    if config.sampling.max_tokens is not None:
+        return int(config.sampling.max_tokens)
+    env_cap = (env.sampling_args or {}).get("max_tokens")
+    if env_cap is not None and not needs_rollout_func(env):
+        return int(env_cap)
+    return int(config.trainer.max_completion_length)
+
+
+def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str, Any]:
+    """Shared keys -> ``GRPOConfig`` fields, then the ``trl.*`` pass-through on top."""
+    import torch
+
+    t = config.trainer
+    cpu = not torch.cuda.is_available()
+    kwargs: dict[str, Any] = {
+        "output_dir": str(run_dir),
+        "max_steps": t.max_steps,
+        "per_device_train_batch_size": t.batch_size * t.group_size,
+        "num_generations": t.group_size,
+        "gradient_accumulation_steps": t.grad_accum_steps,
+        "learning_rate": t.learning_rate,
+        "lr_scheduler_type": "constant_with_warmup",
+        "warmup_steps": t.warmup_steps,
+        "weight_decay": t.weight_decay,
+        "max_grad_norm": t.max_grad_norm,
+        "loss_type": t.loss,
+        "epsilon": t.epsilon,
+        "beta": t.beta,
+        "max_completion_length": completion_budget(config, env),
+        "temperature": config.sampling.temperature,
+        "top_p": config.sampling.top_p,
+        "seed": config.seed,
+        "use_cpu": cpu,
+        "bf16": not cpu,
+        "report_to": "none" if config.report_to == "none" else [config.report_to],
+        "logging_steps": 1,
+        "save_strategy": "steps" if config.save_every > 0 else "no",
+        "save_steps": max(1, config.save_every),
+        "save_total_limit": config.keep_checkpoints,
+        "disable_tqdm": not config.progress,
+    }
+    if t.epsilon_high is not None:
+        kwargs["epsilon_high"] = t.epsilon_high
+    return {**kwargs, **config.trl}
+
+
+def build_grpo_config(kwargs: dict[str, Any]) -> Any:
+    """``GRPOConfig(**kwargs)``, with an unknown ``trl.*`` key named in one sentence."""
+    from trl import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f" (did you mean 'trl.{close[0]}'?)" if close else ""
+        raise ConfigError(f"'trl.{unknown[0]}' is not a GRPOConfig field{hint}.")
+    try:
+        return GRPOConfig(**kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"GRPOConfig refused these settings: {' '.join(str(exc).split())}") from exc
+
+
+def describe(config: TrainConfig) -> str:
+    """For ``dry_run=true``: the ``GRPOConfig`` fields this run would use, one per line."""
+    from bridges.registry import load_environment
+
+    env = load_environment(config.env, **config.env_args)
+    kwargs = grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name)
+    return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
+
+
+def metrics_callback(logger: Any) -> Any:
+    """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens."""
+    from transformers import TrainerCallback
+
+    class MetricsFile(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
+            if logs and "reward" in logs:
+                logger.log({"step": state.global_step, "reward/mean": logs["reward"], **logs})
+
+    return MetricsFile()
+
+
+def run(config: TrainConfig) -> int:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    require_extra("trl", "trl", "backend=trl")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from adapters.trl import trl_trainer_kwargs
+    from bridges.metrics import MetricsLogger, plot_reward_curve
+    from bridges.registry import load_environment
+    from bridges.tiny import resolve_model_path
+
+    if config.engine not in ("auto", "hf"):
+        raise ConfigError(
+            f"backend=trl generates with TRL's own engine; set trl.use_vllm=true for vLLM instead of engine={config.engine}."
+        )
+    env = load_environment(config.env, **config.env_args)
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    args = build_grpo_config(grpo_config_kwargs(config, env, run_dir))
+    path = resolve_model_path(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    peft_config = None
+    t = config.trainer
+    if t.lora_rank > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=t.lora_rank,
+            lora_alpha=t.lora_alpha,
+            lora_dropout=t.lora_dropout,
+            target_modules=list(t.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
+    resume = None
+    if config.resume:
+        checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        resume = str(checkpoints[-1]) if checkpoints else None
+        if resume is None:
+            print(f"resume=true but {run_dir} has no checkpoint; starting from step 0.")
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=_step_of(resume))
+    trainer = GRPOTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[metrics_callback(logger)],
+        **trl_trainer_kwargs(env, num_generations=t.group_size),
+    )
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        logger.close()
+    plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {config.model} · trl")
+    rewards = [r["reward/mean"] for r in logger.rows]
+    if rewards:
+        head, tail = rewards[:5], rewards[-5:]
+        print(
+            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
+            f"{sum(tail) / len(tail):.3f} over {len(rewards)} steps"
+        )
+    print(f"run written to {run_dir} (metrics.jsonl, reward_curve.png, TRL checkpoints)")
+    return 0
+
+
+def _step_of(checkpoint: str | None) -> int:
+    return int(checkpoint.rsplit("-", 1)[-1]) if checkpoint else 0
