@@ -40,3 +40,12 @@ def test_token_exact_client_reuses_the_first_turn(tmp_path: Path):
     result = run(str(EXAMPLES / "token_exact_client.py"))
     assert result.returncode == 0, result.stderr
     assert "drift_tokens=0" in result.stdout and "reused from turn 1" in result.stdout
+
+
+def test_trl_drop_in_trains_a_multi_turn_env(tmp_path: Path):
+    result = run(str(EXAMPLES / "trl_drop_in.py"), "guess_number", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("trained 2 steps on guess_number: reward ")
+    lines = (EXAMPLES / "trl_drop_in.py").read_text().splitlines()
+    assert sum("# rl-bridges" in line for line in lines) <= 3  # the drop-in promise

@@ -1,7 +1,7 @@
 """TRL 1.16 adapter: any environment inside an existing ``GRPOTrainer`` script.
 
     from adapters.trl import trl_trainer_kwargs
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(...), **trl_trainer_kwargs(env))
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(...), **trl_trainer_kwargs("guess_number"))
 
 Single-turn environments let TRL generate and score through ``trl_reward_funcs``; multi-turn and
 tool environments add ``trl_rollout_func``, which runs the rollouts token-exactly through an
@@ -25,8 +25,13 @@ def needs_rollout_func(env: Environment) -> bool:
     return not isinstance(env, SingleTurnEnv)
 
 
-def trl_trainer_kwargs(env: Environment, num_generations: int | None = None) -> dict[str, Any]:
-    """``train_dataset``, ``eval_dataset``, ``reward_funcs`` and, when needed, ``rollout_func`` for ``env``."""
+def trl_trainer_kwargs(env: Environment | str, num_generations: int | None = None) -> dict[str, Any]:
+    """``train_dataset``, ``eval_dataset``, ``reward_funcs`` and, when needed, ``rollout_func`` for ``env``
+    (an environment, or an id for ``bridges.load_environment``)."""
+    if isinstance(env, str):
+        from bridges.registry import load_environment
+
+        env = load_environment(env)
     kwargs: dict[str, Any] = {
         "train_dataset": trl_dataset(env, "train"),
         "reward_funcs": trl_reward_funcs(env, num_generations),
