@@ -48,6 +48,22 @@ class TrainerConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+def lora_config(t: TrainerConfig) -> Any:
+    """The peft ``LoraConfig`` for ``t`` (None for full fine-tuning); every backend that trains LoRA uses it."""
+    if t.lora_rank <= 0:
+        return None
+    from bridges.errors import require_extra
+
+    peft = require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
+    return peft.LoraConfig(
+        r=t.lora_rank,
+        lora_alpha=t.lora_alpha,
+        lora_dropout=t.lora_dropout,
+        target_modules=list(t.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
 @dataclass
 class TrainConfig:
     backend: str = "grpo"

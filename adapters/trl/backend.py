@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, lora_config
 
 
 def completion_budget(config: TrainConfig, env: Any) -> int:
@@ -130,18 +130,7 @@ def run(config: TrainConfig) -> int:
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
-    peft_config = None
     t = config.trainer
-    if t.lora_rank > 0:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=t.lora_rank,
-            lora_alpha=t.lora_alpha,
-            lora_dropout=t.lora_dropout,
-            target_modules=list(t.lora_target_modules),
-            task_type="CAUSAL_LM",
-        )
     resume = None
     if config.resume:
         checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
@@ -153,7 +142,7 @@ def run(config: TrainConfig) -> int:
         model=model,
         args=args,
         processing_class=tokenizer,
-        peft_config=peft_config,
+        peft_config=lora_config(t),
         callbacks=[metrics_callback(logger)],
         **trl_trainer_kwargs(env, num_generations=t.group_size),
     )

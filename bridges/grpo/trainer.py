@@ -43,7 +43,7 @@ from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.metrics import MetricsLogger, plot_reward_curve
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, lora_config
 from workflows.rollouts import run_groups
 from workflows.samples import SampleStats, episode_to_samples, truncate_sample
 from workflows.traces import TraceWriter
@@ -62,20 +62,10 @@ def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    t = config.trainer
-    if t.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
+    lora = lora_config(config.trainer)
+    if lora is not None:
+        from peft import get_peft_model
 
-        from bridges.errors import require_extra
-
-        require_extra("peft", "trl", "LoRA training")
-        lora = LoraConfig(
-            r=t.lora_rank,
-            lora_alpha=t.lora_alpha,
-            lora_dropout=t.lora_dropout,
-            target_modules=list(t.lora_target_modules),
-            task_type="CAUSAL_LM",
-        )
         policy = get_peft_model(policy, lora)
     return policy, tokenizer
 

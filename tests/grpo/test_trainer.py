@@ -90,3 +90,32 @@ def test_failing_rollouts_are_masked_and_never_abort_a_step(tmp_path):
     failed = [t for t in traces if t["stop_reason"] == "reward_error"]
     assert len(failed) == 24 and all("judge unavailable" in t["error"] for t in failed)
     assert all(t["advantage"] == 0.0 and t["reward"] is None for t in failed)
+
+
+def test_lora_trains_only_the_adapter_and_the_engine_samples_with_it(tmp_path, monkeypatch):
+    import bridges.grpo.trainer as trainer_module
+
+    engines = []
+    make_engine = trainer_module.make_engine
+    monkeypatch.setattr(
+        trainer_module, "make_engine", lambda *a: engines.append(make_engine(*a)) or engines[-1]
+    )
+    args = [
+        "env=bridges_test_dense_env",
+        "trainer.batch_size=4",
+        "trainer.group_size=4",
+        "trainer.lora_rank=4",
+    ]
+    assert run(_config(tmp_path, *args, "trainer.max_steps=2", "trainer.learning_rate=1e-2")) == 0
+    saved = tmp_path / "grpo-bridges_test_dense_env" / "checkpoints" / "step_000002" / "model"
+    adapter = load_file(str(saved / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in name for name in adapter)  # only the adapter is checkpointed
+    assert any(
+        float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n
+    )  # B starts at 0: it trained
+    engine = engines[0]
+    assert engine.weight_version == 2  # one sync per optimizer step
+    served = dict(engine.model.named_parameters())
+    for name, tensor in adapter.items():  # the engine samples with exactly the trained adapter
+        served_tensor = served[name.replace(".weight", ".default.weight")]  # peft names the adapter "default"
+        torch.testing.assert_close(served_tensor.detach(), tensor)
