@@ -17,6 +17,7 @@ from bridges.errors import ConfigError
 BUILTIN_BACKENDS: dict[str, str] = {
     "grpo": "bridges.grpo.trainer:run",
     "trl": "adapters.trl.backend:run",
+    "verl": "adapters.verl.launch:run",
 }
 
 ENTRY_POINT_GROUP = "rl_bridges.backends"

@@ -122,6 +122,40 @@ def episode_to_samples(
     return out
 
 
+@dataclass(slots=True)
+class PromptCompletion:
+    """One rollout as a prompt plus one completion: the shape TRL's ``rollout_func`` and verl's
+    ``AgentLoopOutput`` each take per rollout (env/tool ids inside the completion, mask 0)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    breaks: int  # further samples (turns that did not extend the first) that were left out
+
+
+def prompt_completion(episode: Episode, max_completion: int | None = None) -> PromptCompletion | None:
+    """The first trajectory's first sample split at its first prompt; None when nothing was sampled.
+
+    With the token ledger every turn extends the last, so that sample is the whole rollout; a break
+    (a turn that did not extend) would start a second sample, which is counted and left out. An
+    invalid episode comes back with every mask entry 0. ``max_completion`` cuts the completion.
+    """
+    if not episode.trajectories or not episode.trajectories[0].steps:
+        return None
+    samples = episode_to_samples(episode, advantage=0.0)
+    first = samples[0]
+    cut = len(episode.trajectories[0].steps[0].prompt_ids)
+    end = None if max_completion is None else cut + max_completion
+    return PromptCompletion(
+        prompt_ids=first.token_ids[:cut],
+        completion_ids=first.token_ids[cut:end],
+        mask=first.loss_mask[cut:end],
+        logprobs=first.logprobs[cut:end],
+        breaks=len(samples) - 1,
+    )
+
+
 def truncate_sample(sample: TrainingSample, max_length: int) -> TrainingSample:
     """Cut a sample to ``max_length`` ids (a trainer's context budget), keeping lists aligned."""
     if len(sample.token_ids) <= max_length:

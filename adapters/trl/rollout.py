@@ -35,7 +35,7 @@ from bridges.asyncutils import run_sync
 from bridges.envs.base import Environment
 from bridges.errors import ConfigError
 from workflows.rollouts import run_group
-from workflows.samples import episode_from_state, episode_to_samples
+from workflows.samples import PromptCompletion, episode_from_state, prompt_completion
 
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
@@ -107,26 +107,18 @@ def trainer_engine(trainer: Any) -> Iterator[Any]:
 
 def to_trl_sample(state: Any, renderer: Any, max_completion_length: int) -> dict[str, Any]:
     """One rollout as TRL's per-sample fields (a failed rollout: its ids kept, every one masked)."""
-    episode = episode_from_state(state)
-    samples = episode_to_samples(episode, advantage=0.0)
-    if samples:
-        sample = samples[0]  # the ledger extends every turn; a break would start a second sample
-        prompt_len = len(episode.trajectories[0].steps[0].prompt_ids)
-        prompt_ids = sample.token_ids[:prompt_len]
-        completion = sample.token_ids[prompt_len:]
-        env_mask = sample.loss_mask[prompt_len:]
-        logprobs = sample.logprobs[prompt_len:]
-    else:  # failed before the first model call: the rendered prompt and one masked end-of-turn id
-        prompt_ids = renderer.render_ids(state.prompt)
-        completion, env_mask, logprobs = [renderer.eos_token_id or 0], [0], [0.0]
-    cut = max_completion_length
+    split = prompt_completion(episode_from_state(state), max_completion_length)
+    if split is None:  # failed before the first model call: the rendered prompt and one masked end-of-turn id
+        split = PromptCompletion(
+            renderer.render_ids(state.prompt), [renderer.eos_token_id or 0], [0], [0.0], 0
+        )
     return {
-        "prompt_ids": prompt_ids,
-        "completion_ids": completion[:cut],
-        "env_mask": env_mask[:cut],
-        "logprobs": logprobs[:cut],
+        "prompt_ids": split.prompt_ids,
+        "completion_ids": split.completion_ids,
+        "env_mask": split.mask,
+        "logprobs": split.logprobs,
         SCORES_KEY: state_scores(state),
-        "bridges_breaks": max(0, len(samples) - 1),
+        "bridges_breaks": split.breaks,
     }
 
 

@@ -5,6 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.tool_model import tool_model, tool_model_path
+from tool_model import tool_model, tool_model_path
 
 sys.path.insert(0, str(Path(__file__).parent / "envs"))

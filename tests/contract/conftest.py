@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-from tests.tool_model import (  # fixtures shared with other suites
+from tool_model import (  # fixtures shared with other suites
     ADD_TOOL,
     ANSWER_TEXT,
     TOOL_CALL_TEXT,

@@ -71,7 +71,7 @@ def says_five(completion) -> float:
 
 def add_tool(**_: Any) -> br.Environment:
     """The conversation the fine-tuned tool model learned (tests/tool_model.py), as a ToolEnv."""
-    from tests.tool_model import ADD_TOOL, TOOL_PROMPT
+    from tool_model import ADD_TOOL, TOOL_PROMPT
 
     rows = [{"prompt": TOOL_PROMPT, "answer": "5"}] * 8
     env = br.ToolEnv(

@@ -1,0 +1,190 @@
+"""``python -m bridges.train backend=verl``: data, agent-loop registration and hydra overrides for verl.
+
+verl is launched as its users launch it, ``python -m verl.trainer.main_ppo <hydra overrides>``; we
+write what that command needs into ``runs/<run_name>/verl/``:
+- ``train.parquet``/``eval.parquet``: the environment's splits in verl's format, every row routed to
+  our loop by its ``agent_name`` column;
+- ``agent_loops.yaml``: registers ``BridgesAgentLoop`` under that name with ``env_id``/``env_args``
+  (the file form works in every Ray worker; a ``@register`` decorator would only run where imported).
+The shared keys become overrides once, here; each ``verl.*`` key passes through verbatim (hydra
+syntax, ``+`` prefixes included) and wins. ``dry_run=true`` writes the files and prints the
+command without importing verl, so it works without the ``[verl]`` extra or a GPU.
+
+Fixed choices, all overridable through ``verl.*``: vLLM async rollout, GRPO advantages, the legacy
+(``trainer.use_v1=false``) trainer, whose data path needs no TransferQueue install.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bridges.errors import ConfigError, require_extra
+from bridges.train_config import TrainConfig
+
+AGENT_LOOP_TARGET = "adapters.verl.agent_loop.BridgesAgentLoop"
+MICRO_BATCH_PER_GPU = 4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
+
+
+def agent_name(config: TrainConfig) -> str:
+    return "bridges_" + "".join(ch if ch.isalnum() else "_" for ch in config.env)
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value in hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def prompt_budget(env: Any, tokenizer: Any) -> int:
+    """``data.max_prompt_length``: the longest rendered prompt of either split (with tools), rounded up to 64."""
+    from bridges.client.rendering import ChatRenderer
+    from bridges.envs.base import build_prompt
+
+    renderer = ChatRenderer(tokenizer)
+    longest = 1
+    for dataset in {id(d): d for d in (env.get_dataset(), env.get_eval_dataset())}.values():
+        for row in dataset:
+            tools = getattr(env, "tool_defs", None) or None
+            longest = max(longest, len(renderer.render_ids(build_prompt(row), tools)))
+    return 64 * math.ceil(longest / 64)
+
+
+def overrides(
+    config: TrainConfig, files: dict[str, Path], prompt_length: int, model_path: str
+) -> dict[str, Any]:
+    """The shared keys as verl hydra overrides, then ``verl.*`` on top."""
+    import torch
+
+    t = config.trainer
+    response_length = config.sampling.max_tokens or t.max_completion_length
+    gpus = max(1, torch.cuda.device_count())
+    keys: dict[str, Any] = {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": t.loss != "dr_grpo",
+        "data.train_files": str(files["train"]),
+        "data.val_files": str(files["eval"]),
+        "data.train_batch_size": t.batch_size,
+        "data.max_prompt_length": prompt_length,
+        "data.max_response_length": response_length,
+        "data.seed": config.seed,
+        "actor_rollout_ref.model.path": model_path,
+        "actor_rollout_ref.actor.optim.lr": t.learning_rate,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
+        "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
+        "actor_rollout_ref.actor.grad_clip": t.max_grad_norm,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": t.batch_size,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": MICRO_BATCH_PER_GPU,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": MICRO_BATCH_PER_GPU,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": MICRO_BATCH_PER_GPU,
+        "actor_rollout_ref.actor.clip_ratio_low": t.epsilon,
+        "actor_rollout_ref.actor.clip_ratio_high": t.epsilon if t.epsilon_high is None else t.epsilon_high,
+        "actor_rollout_ref.actor.use_kl_loss": t.beta > 0,
+        "actor_rollout_ref.actor.kl_loss_coef": t.beta,
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"
+        if t.loss == "dr_grpo"
+        else "token-mean",
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.mode": "async",
+        "actor_rollout_ref.rollout.n": t.group_size,
+        "actor_rollout_ref.rollout.temperature": config.sampling.temperature,
+        "actor_rollout_ref.rollout.top_p": config.sampling.top_p,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(files["agent_loops"]),
+        "actor_rollout_ref.rollout.agent.default_agent_loop": agent_name(config),
+        "trainer.total_training_steps": t.max_steps,
+        "trainer.save_freq": config.save_every if config.save_every > 0 else -1,
+        "trainer.default_local_dir": str(files["run_dir"] / "checkpoints"),
+        "trainer.resume_mode": "auto" if config.resume else "disable",
+        "trainer.project_name": "rl-bridges",
+        "trainer.experiment_name": config.resolved_run_name,
+        "trainer.logger": ["console"] if config.report_to == "none" else ["console", config.report_to],
+        "trainer.use_v1": False,
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": gpus,
+    }
+    if t.lora_rank > 0:
+        keys["actor_rollout_ref.model.lora_rank"] = t.lora_rank
+        keys["actor_rollout_ref.model.lora_alpha"] = t.lora_alpha
+        keys["actor_rollout_ref.model.target_modules"] = list(t.lora_target_modules)
+    return {**keys, **flatten(config.verl)}
+
+
+def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
+    """Write the data and the loop registration; return the command and the files."""
+    from transformers import AutoTokenizer
+
+    from adapters.verl.dataset import write_verl_parquet
+    from bridges.registry import load_environment
+    from bridges.tiny import resolve_model_path
+
+    if config.engine not in ("auto", "vllm"):
+        raise ConfigError(
+            f"backend=verl samples with verl's own rollout servers; engine={config.engine} does not apply."
+        )
+    env = load_environment(config.env, **config.env_args)
+    run_dir = Path(config.output_dir).resolve() / config.resolved_run_name
+    files = {"run_dir": run_dir, "agent_loops": run_dir / "verl" / "agent_loops.yaml"}
+    name = agent_name(config)
+    for split in ("train", "eval"):
+        files[split] = write_verl_parquet(
+            env, split, run_dir / "verl" / f"{split}.parquet", data_source=config.env, agent_name=name
+        )
+    registration = [
+        {"name": name, "_target_": AGENT_LOOP_TARGET, "env_id": config.env, "env_args": config.env_args}
+    ]
+    files["agent_loops"].write_text(json.dumps(registration, indent=2) + "\n")  # JSON is valid YAML
+    model_path = resolve_model_path(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    keys = overrides(config, files, prompt_budget(env, tokenizer), str(model_path))
+    command = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        *(f"{k}={hydra_value(v)}" for k, v in keys.items()),
+    ]
+    return command, files
+
+
+def describe(config: TrainConfig) -> str:
+    """For ``dry_run=true``: the files written and the exact command, without importing verl."""
+    command, files = prepare(config)
+    listed = "".join(f"#   {key}: {path}\n" for key, path in files.items() if key != "run_dir")
+    return f"# verl files\n{listed}# verl command\n{shlex.join(command)}\n"
+
+
+def worker_pythonpath() -> str:
+    """Ray workers must import ``adapters``/``bridges`` and a user's env module from the current folder."""
+    repo = str(Path(__file__).resolve().parents[2])
+    parts = [repo, os.getcwd(), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
+
+
+def run(config: TrainConfig) -> int:
+    require_extra("verl", "verl", "backend=verl")
+    command, _ = prepare(config)
+    print(shlex.join(command), flush=True)
+    return subprocess.call(command, env={**os.environ, "PYTHONPATH": worker_pythonpath()})

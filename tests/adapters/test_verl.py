@@ -1,0 +1,249 @@
+"""``BridgesAgentLoop`` inside verl 0.9.1's real agent-loop worker on CPU.
+
+Real: verl's hydra config composed from the overrides ``backend=verl`` builds, our parquet read by
+verl's ``RLHFDataset``, our loop instantiated by verl from the YAML we write, verl's padding, masks
+and ``rm_scores``. Stood in for: only verl's GPU rollout server, by ``HFServerClient``, which
+answers verl's own ``generate(request_id, prompt_ids=..., sampling_params=...)`` seam with the tiny
+model through ``adapters.hf`` and records what it sampled, so the test can check that the ids verl
+trains on are exactly those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from verl_stand_in import HFServerClient
+
+from adapters.verl.launch import prepare
+from bridges.config import parse_config
+from bridges.train_config import TrainConfig
+
+N = 2  # rollouts per prompt
+HERE = Path(__file__).parent
+
+
+def compose(tmp_path: Path, model: Path, kind: str, *extra: str) -> Any:
+    """verl's config tree, composed from exactly the overrides ``backend=verl`` would launch with."""
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config = parse_config(
+        TrainConfig,
+        [
+            "backend=verl", "env=bridges_test_verl_env", f"env_args.kind={kind}", f"model={model}",
+            f"output_dir={tmp_path}", "trainer.batch_size=2", f"trainer.group_size={N}",
+            "sampling.max_tokens=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
+        ],
+    )  # fmt: skip
+    command, files = prepare(config)
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = hydra_compose(config_name="ppo_trainer", overrides=command[3:])
+    return cfg, files
+
+
+def batch_of(cfg: Any, files: dict[str, Path], tokenizer: Any, rows: int = 2) -> Any:
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    dataset = RLHFDataset(data_files=[str(files["train"])], tokenizer=tokenizer, config=cfg.data)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(rows)]))
+    return batch.repeat(repeat_times=N, interleave=True)  # what verl's trainer does before generation
+
+
+def run_worker(cfg: Any, batch: Any, client: HFServerClient) -> Any:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    worker = AgentLoopWorker(cfg, llm_client=client, reward_loop_worker_handles=None)
+    return asyncio.run(worker.generate_sequences(batch))
+
+
+def rows_of(out: Any, cfg: Any) -> list[dict[str, Any]]:
+    """Per sample: prompt ids, response ids/mask/logprobs (unpadded), reward and our extra fields."""
+    prompt_len = cfg.actor_rollout_ref.rollout.prompt_length
+    rows = []
+    for i in range(len(out)):
+        attention = out.batch["attention_mask"][i]
+        p = int(attention[:prompt_len].sum())
+        r = int(attention[prompt_len:].sum())
+        rows.append(
+            {
+                "prompt": out.batch["prompts"][i, prompt_len - p :].tolist(),
+                "response": out.batch["responses"][i, :r].tolist(),
+                "mask": out.batch["response_mask"][i, :r].tolist(),
+                "logprobs": out.batch["rollout_log_probs"][i, :r].tolist(),
+                "reward": float(out.batch["rm_scores"][i].sum()),
+                "valid": bool(out.non_tensor_batch["bridges_valid"][i]),
+                "stop": out.non_tensor_batch["bridges_stop_reason"][i],
+                "error": out.non_tensor_batch["bridges_error"][i],
+                "metrics": json.loads(out.non_tensor_batch["bridges_metrics"][i]),
+            }
+        )
+    return rows
+
+
+def sampled_runs(row: dict[str, Any]) -> list[list[int]]:
+    """The maximal runs of mask-1 ids: one per model turn."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, mask in zip(row["response"], row["mask"], strict=True):
+        if mask and not previous:
+            runs.append([])
+        if mask:
+            runs[-1].append(token)
+        previous = mask
+    return runs
+
+
+def assert_trained_ids_are_the_sampled_ids(rows: list[dict[str, Any]], client: HFServerClient) -> None:
+    per_trajectory = sorted(
+        ([ids for ids, _ in turns], [lp for _, lps in turns for lp in lps])
+        for turns in client.sampled.values()
+    )
+    seen = sorted(
+        (sampled_runs(row), [lp for lp, m in zip(row["logprobs"], row["mask"], strict=True) if m])
+        for row in rows
+    )
+    assert len(seen) == len(per_trajectory) == len(rows)
+    for (runs, logprobs), (turns, server_logprobs) in zip(seen, per_trajectory, strict=True):
+        assert runs == turns  # every sampled id, in order, turn by turn: nothing re-tokenized
+        assert logprobs == pytest.approx(server_logprobs, abs=1e-6)
+
+
+def test_single_turn_env_through_the_real_worker(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any):
+    cfg, files = compose(tmp_path, tiny_path, "single")
+    client = HFServerClient(str(tiny_path))
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
+    assert len(rows) == 2 * N
+    assert_trained_ids_are_the_sampled_ids(rows, client)
+    for row in rows:
+        assert row["valid"] and row["stop"] == "completed" and all(row["mask"])
+        assert len(row["response"]) == len(row["logprobs"]) <= 8  # the env's max_tokens per turn
+        metrics = row["metrics"]
+        assert row["reward"] == pytest.approx(metrics["lowercase_share"] + 0.5 * metrics["group_rank"])
+    for i, row in enumerate(rows):  # verl's prompt ids are the template's render of the environment's prompt
+        prompt = [{"role": "user", "content": f"Say {i // N}."}]  # rows arrive repeated N times, interleaved
+        assert (
+            row["prompt"]
+            == tiny_tokenizer.apply_chat_template(prompt, add_generation_prompt=True)["input_ids"]
+        )
+
+
+def test_tool_env_masks_the_tool_result_and_matches_the_ledger(
+    tmp_path: Path, tool_model_path: Path, tiny_tokenizer: Any
+):
+    from tool_model import ADD_TOOL, TOOL_PROMPT
+
+    cfg, files = compose(tmp_path, tool_model_path, "tool", "sampling.temperature=0.0")
+    client = HFServerClient(str(tool_model_path))
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
+    assert_trained_ids_are_the_sampled_ids(rows, client)
+    bridge = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    for row in rows:
+        masked = [t for t, m in zip(row["response"], row["mask"], strict=True) if not m]
+        assert tiny_tokenizer.decode(masked) == bridge  # only the tool result (and the "\n" closing the turn)
+        assert row["reward"] == 1.0 and row["metrics"]["tool_calls"] == 1.0 and row["stop"] == "completed"
+        # prompt + response == a from-scratch render of the whole conversation: zero drift
+        conversation = [
+            *TOOL_PROMPT,
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "5"},
+            {"role": "assistant", "content": "The sum is 5."},
+        ]  # fmt: skip
+        full = tiny_tokenizer.apply_chat_template(conversation, tools=[ADD_TOOL])["input_ids"]
+        ids = row["prompt"] + row["response"]
+        assert (
+            full[: len(ids)] == ids and len(full) - len(ids) <= 1
+        )  # the template's final "\n" is not sampled
+
+
+def test_response_length_bounds_the_whole_trajectory(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any):
+    cfg, files = compose(tmp_path, tiny_path, "two_turns", "sampling.max_tokens=12")
+    client = HFServerClient(str(tiny_path))
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
+    assert max(client.max_tokens) <= 8 and all(len(row["response"]) <= 12 for row in rows)
+    for row in rows:
+        # the first turn used 8 or fewer ids, the environment's reply ~30 more: the budget ends the trajectory,
+        # which is still scored and trained (verl's tool loop does the same)
+        assert row["stop"] == "response_length" and row["valid"] and sum(row["mask"]) >= 1
+        assert row["reward"] == pytest.approx(
+            row["metrics"]["lowercase_share"] + 0.5 * row["metrics"]["group_rank"]
+        )
+
+
+def test_a_raising_environment_is_a_masked_sample_not_a_crash(
+    tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any
+):
+    cfg, files = compose(tmp_path, tiny_path, "raising")
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), HFServerClient(str(tiny_path))), cfg)
+    for row in rows:
+        assert not row["valid"] and row["reward"] == 0.0 and not any(row["mask"])
+        assert row["stop"] == "env_error" and "the game server is down" in row["error"]
+
+
+@pytest.mark.slow
+def test_the_same_through_agent_loop_manager_and_ray_actors(
+    tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any
+):
+    import ray
+    from verl.experimental.agent_loop import AgentLoopManager
+
+    cfg, files = compose(tmp_path, tiny_path, "single")
+    repo = HERE.parents[1]
+    paths = [str(repo), str(HERE / "envs"), str(repo / "tests" / "support")]
+    env_vars = {"PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
+    env_vars["BRIDGES_CACHE_DIR"] = os.environ["BRIDGES_CACHE_DIR"]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
+    try:
+        manager = AgentLoopManager.create(
+            config=cfg, llm_client=HFServerClient(str(tiny_path)), reward_loop_worker_handles=None
+        )
+        out = manager.generate_sequences(batch_of(cfg, files, tiny_tokenizer))
+    finally:
+        ray.shutdown()
+    rows = rows_of(out, cfg)
+    assert len(rows) == 2 * N
+    for row in rows:
+        assert row["valid"] and all(row["mask"]) and len(row["response"]) <= 8
+        assert row["reward"] == pytest.approx(
+            row["metrics"]["lowercase_share"] + 0.5 * row["metrics"]["group_rank"]
+        )
+    assert any(key.startswith("agent_loop/") for key in out.meta_info["timing"])
+
+
+def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['verl'] = None\n"  # verl unimportable, as on a machine without the extra
+        "from bridges.train import main\n"
+        f"sys.exit(main(['backend=verl', 'env=arithmetic', 'model=tiny', 'dry_run=true', 'output_dir={tmp_path}']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    command = shlex.split(result.stdout.strip().splitlines()[-1])
+    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    keys = dict(arg.split("=", 1) for arg in command[3:])
+    assert keys["algorithm.adv_estimator"] == "grpo" and keys["actor_rollout_ref.rollout.name"] == "vllm"
+    assert keys["actor_rollout_ref.rollout.n"] == "16" and keys["actor_rollout_ref.rollout.mode"] == "async"
+    run_dir = tmp_path / "verl-arithmetic" / "verl"
+    assert keys["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(run_dir / "agent_loops.yaml")
+    registration = json.loads((run_dir / "agent_loops.yaml").read_text())
+    assert registration == [
+        {"name": "bridges_arithmetic", "_target_": "adapters.verl.agent_loop.BridgesAgentLoop", "env_id": "arithmetic", "env_args": {}}
+    ]  # fmt: skip
+    import pandas as pd
+
+    frame = pd.read_parquet(run_dir / "train.parquet")
+    assert len(frame) == 1000 and set(frame["agent_name"]) == {"bridges_arithmetic"}
+    first = frame.iloc[0]
+    assert first["reward_model"]["ground_truth"] == json.loads(first["extra_info"]["bridges_row"])["answer"]
