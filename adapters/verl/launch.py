@@ -29,7 +29,9 @@ from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig
 
 AGENT_LOOP_TARGET = "adapters.verl.agent_loop.BridgesAgentLoop"
-MICRO_BATCH_PER_GPU = 4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
+MICRO_BATCH_PER_GPU = (
+    4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
+)
 
 
 def agent_name(config: TrainConfig) -> str:
