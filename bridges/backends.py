@@ -18,6 +18,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "grpo": "bridges.grpo.trainer:run",
     "trl": "adapters.trl.backend:run",
     "verl": "adapters.verl.launch:run",
+    "tinker": "adapters.tinker.backend:run",
 }
 
 ENTRY_POINT_GROUP = "rl_bridges.backends"

@@ -1,0 +1,249 @@
+"""``python -m bridges.train backend=tinker``: LoRA RL on a Tinker service, or on the local one.
+
+One step: the batch's groups are rolled out through an ``EngineClient`` over the current Tinker
+sampling client, the groups that carry signal become ``Datum``s, ``forward_backward`` and
+``optim_step`` are submitted back to back (Tinker runs them in order; we wait once), and a new
+sampling client is taken from the new weights. With ``tinker.max_steps_off_policy=k`` the next k
+batches are already being sampled (from the weights of their time) while a step trains; the
+loss's importance ratio against the sampler's logprobs is what makes that sound.
+
+Settings (``tinker.*``): ``base_url`` (``local`` starts ``adapters.tinker.server`` in-process on the
+``model``), ``base_model`` (the service's model name; default ``model``), ``loss_fn``
+(``importance_sampling`` | ``ppo`` | ``cispo``), ``clip_low``/``clip_high``, ``max_steps_off_policy``,
+``tokenizer`` (a local tokenizer folder for remote runs that must not reach the Hugging Face hub).
+``TINKER_API_KEY`` comes from the environment. Temperature must be 1: Tinker's sampler reports
+logprobs of the untempered distribution, so any other temperature would make every step silently
+off-policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from bridges.errors import ConfigError, require_extra
+from bridges.train_config import TrainConfig
+
+LOSS_FNS = ("importance_sampling", "ppo", "cispo")
+
+
+@dataclasses.dataclass
+class TinkerOptions:
+    base_url: str | None = None  # None: $TINKER_BASE_URL or Tinker's service; "local": our own server
+    base_model: str | None = None
+    loss_fn: str = "importance_sampling"
+    clip_low: float | None = None
+    clip_high: float | None = None
+    max_steps_off_policy: int = 0
+    tokenizer: str | None = None
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> TinkerOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - names)
+        if unknown:
+            raise ConfigError(f"unknown key 'tinker.{unknown[0]}'; valid keys: {', '.join(sorted(names))}.")
+        options = cls(**section)
+        if options.loss_fn not in LOSS_FNS:
+            raise ConfigError(
+                f"tinker.loss_fn must be one of {', '.join(LOSS_FNS)}, got '{options.loss_fn}'."
+            )
+        if options.max_steps_off_policy < 0:
+            raise ConfigError("tinker.max_steps_off_policy must be 0 or more.")
+        return options
+
+    def loss_fn_config(self) -> dict[str, float] | None:
+        if self.loss_fn == "importance_sampling":
+            return None
+        config = {}
+        if self.clip_low is not None:
+            config["clip_low_threshold"] = float(self.clip_low)
+        if self.clip_high is not None:
+            config["clip_high_threshold"] = float(self.clip_high)
+        return config or None
+
+
+def check_config(config: TrainConfig) -> TinkerOptions:
+    options = TinkerOptions.from_config(dict(config.tinker))
+    if config.sampling.temperature != 1.0:
+        raise ConfigError(
+            f"sampling.temperature={config.sampling.temperature} is refused on Tinker: its sampler reports "
+            "logprobs of the untempered distribution, so the importance ratio would be wrong; use 1.0."
+        )
+    if options.base_url != "local" and not os.environ.get("TINKER_API_KEY"):
+        raise ConfigError(
+            "TINKER_API_KEY is not set; export your Tinker API key, or train on the local server with "
+            "tinker.base_url=local."
+        )
+    return options
+
+
+class Checkpoints:
+    """``checkpoints.jsonl`` in the run folder: one line per ``save_state`` (step, data position, path)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "checkpoints.jsonl"
+
+    def latest(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        lines = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+        return lines[-1] if lines else None
+
+    def record(self, step: int, position: int, path: str) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"step": step, "data_position": position, "path": path}) + "\n")
+
+
+def run(config: TrainConfig) -> int:
+    options = check_config(config)
+    require_extra("tinker", "tinker", "backend=tinker")
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    server = None
+    if options.base_url == "local":
+        from adapters.tinker.server import TinkerServerConfig, serve_in_thread
+
+        run_dir = Path(config.output_dir) / config.resolved_run_name
+        server = serve_in_thread(
+            TinkerServerConfig(model=config.model, port=0, root=str(run_dir / "tinker-server"))
+        )
+        options.base_url = server.url
+        os.environ.setdefault("TINKER_API_KEY", "tml-local")
+    try:
+        return asyncio.run(_train(config, options))
+    finally:
+        if server is not None:
+            server.close()
+
+
+async def _train(config: TrainConfig, options: TinkerOptions) -> int:
+    import tinker
+    from tinker import types
+    from transformers import AutoTokenizer
+
+    from adapters.tinker.datums import sample_to_datum
+    from adapters.tinker.engine import TinkerEngine
+    from bridges.client import EngineClient
+    from bridges.metrics import MetricsLogger, plot_reward_curve
+    from bridges.registry import load_environment
+    from bridges.tiny import resolve_model_path
+    from workflows.batches import groups_to_samples, rows_at, step_metrics
+    from workflows.rollouts import run_groups
+    from workflows.traces import TraceWriter
+
+    t = config.trainer
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = load_environment(config.env, **config.env_args)
+    dataset = env.get_dataset()
+    base_model = options.base_model or config.model
+    service = tinker.ServiceClient(base_url=options.base_url)
+    checkpoints = Checkpoints(run_dir)
+    resume = checkpoints.latest() if config.resume else None
+    if config.resume and resume is None:
+        print(f"resume=true but {checkpoints.path} lists no checkpoint; starting from step 0.")
+    if resume is not None:
+        training = await service.create_training_client_from_state_with_optimizer(resume["path"])
+        step, position = int(resume["step"]), int(resume["data_position"])
+        print(f"resumed from {resume['path']} (step {step}, data position {position})")
+    else:
+        training = await service.create_lora_training_client(
+            base_model=base_model, rank=t.lora_rank or 32, seed=config.seed
+        )
+        step, position = 0, 0
+    if options.tokenizer or base_model == config.model:
+        tokenizer = AutoTokenizer.from_pretrained(options.tokenizer or resolve_model_path(config.model))
+    else:
+        tokenizer = training.get_tokenizer()
+
+    sampling_args: dict[str, Any] = {
+        **(env.sampling_args or {}),
+        "temperature": 1.0,
+        "top_p": config.sampling.top_p,
+    }
+    if config.sampling.max_tokens is not None:
+        sampling_args["max_tokens"] = config.sampling.max_tokens
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step)
+    traces = TraceWriter(
+        run_dir / "traces.jsonl",
+        {"backend": "tinker", "engine": "tinker", "model": base_model, "env_id": config.env,
+         "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed},
+    )  # fmt: skip
+    adam = types.AdamParams(
+        learning_rate=t.learning_rate, beta1=0.9, beta2=options.adam_beta2, eps=options.adam_eps,
+        weight_decay=t.weight_decay, grad_clip_norm=t.max_grad_norm,
+    )  # fmt: skip
+
+    def generate(sampler: Any, version: int, at_step: int, at_position: int) -> asyncio.Task[Any]:
+        client = EngineClient(TinkerEngine(sampler, tokenizer, weight_version=version), model_name=base_model)
+        rows = rows_at(dataset, at_position, t.batch_size, config.seed)
+        args = {**sampling_args, "seed": config.seed * 7919 + at_step}
+        return asyncio.create_task(
+            run_groups(env, rows, client, t.group_size, args, model=base_model, advantage=t.loss)
+        )  # type: ignore[arg-type]
+
+    sampler = await training.save_weights_and_get_sampling_client()
+    pending: deque[asyncio.Task[Any]] = deque()
+    next_step, next_position = step, position
+    started = time.perf_counter()
+    try:
+        while step < t.max_steps:
+            while next_step < t.max_steps and len(pending) <= options.max_steps_off_policy:
+                pending.append(generate(sampler, step, next_step, next_position))
+                next_step, next_position = next_step + 1, next_position + t.batch_size
+            waited = time.perf_counter()
+            groups = await pending.popleft()
+            waited = time.perf_counter() - waited
+            for group in groups:
+                traces.write_group(group, step=step + 1)
+            samples, stats = groups_to_samples(groups, t.max_completion_length)
+            trained = time.perf_counter()
+            result: dict[str, float] = {"loss": 0.0}
+            if samples:
+                datums = [sample_to_datum(s) for s in samples]
+                backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config())
+                update = training.optim_step(adam)  # queued behind forward_backward on the service
+                out, optim = await backward, await update
+                result = {"loss": float(out.metrics.get("loss:sum", 0.0)), **(optim.metrics or {})}
+                sampler = await training.save_weights_and_get_sampling_client()
+            step, position = step + 1, position + t.batch_size
+            row = {
+                "step": step,
+                **step_metrics(groups, stats, step),
+                **result,
+                "datums": len(samples),
+                "timing/wait_generation_s": waited,
+                "timing/train_s": time.perf_counter() - trained,
+                "timing/elapsed_s": time.perf_counter() - started,
+            }
+            logger.log(row)
+            print(
+                f"step {step}: reward={row['reward/mean'] or 0:.3f} datums={len(samples)} loss={result['loss']:.4f}",
+                flush=True,
+            )
+            if (config.save_every > 0 and step % config.save_every == 0) or step == t.max_steps:
+                saved = await training.save_state(f"step_{step:06d}")
+                checkpoints.record(step, position, saved.path)
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        traces.close()
+        logger.close()
+    plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {base_model} · tinker")
+    rewards = [r["reward/mean"] for r in logger.rows if r.get("reward/mean") is not None]
+    if rewards:
+        head, tail = rewards[:5], rewards[-5:]
+        print(
+            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps {sum(tail) / len(tail):.3f}"
+        )
+    print(f"run written to {run_dir} (metrics.jsonl, traces.jsonl, checkpoints.jsonl, reward_curve.png)")
+    return 0

@@ -1,0 +1,396 @@
+"""A local Tinker-compatible server: ``python -m adapters.tinker.server model=tiny [port=8000]``.
+
+It implements the endpoints the tinker 0.38 SDK calls (JSON, and protobuf where the SDK demands
+it), backed by a real torch + peft LoRA model (``LocalModel``): sampling with logprobs,
+``forward_backward`` for ``cross_entropy``/``importance_sampling``/``ppo``/``cispo``, AdamW
+``optim_step``, and weights saved and loaded as files. Point the SDK at it with
+``TINKER_BASE_URL=http://127.0.0.1:<port>`` and any ``TINKER_API_KEY`` starting with ``tml-``.
+
+Every mutating call is a Tinker promise: the POST returns a ``request_id`` at once and the work
+runs on one worker thread in arrival order (Tinker's per-client ordering); ``retrieve_future``
+waits for it. A failure is answered as a terminal ``{"error": ..., "category": "user"}``, which
+the SDK raises as ``RequestFailedError`` at once, never as an HTTP 500 it would retry for minutes.
+Loopback only, by default and by check, like ``bridges.serve``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import sys
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' string annotations here
+from fastapi.responses import JSONResponse, Response
+
+from adapters.tinker.local_model import LocalModel, LoraPolicy
+from bridges.config import parse_config, run_cli
+
+PROTOBUF = "application/x-protobuf"
+RETRIEVE_WAIT_S = 30.0  # under the SDK's 45 s poll timeout; it simply polls again
+
+
+@dataclass
+class TinkerServerConfig:
+    model: str = "tiny"  # "tiny", a local checkpoint folder or a hub id
+    model_name: str | None = None  # the base_model name clients ask for (default: model)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"
+    root: str = "runs/tinker-server"  # where save_state / save_weights_for_sampler write
+    log_level: str = "warning"
+
+
+class TinkerState:
+    """Sessions, training clients, samplers and saved weights; the model work runs on one thread."""
+
+    def __init__(self, model: LocalModel, model_name: str, root: str | Path) -> None:
+        self.model = model
+        self.model_name = model_name
+        self.root = Path(root)
+        self.policies: dict[str, LoraPolicy] = {}
+        self.samplers: dict[str, tuple[str | None, dict[str, torch.Tensor] | None]] = {}
+        self.futures: dict[str, concurrent.futures.Future[Any]] = {}
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-model")
+        self._ids = itertools.count(1)
+        self._pending_samples: list[tuple[dict[str, Any], concurrent.futures.Future[Any]]] = []
+        self._pending_lock = threading.Lock()
+
+    def new_id(self, kind: str) -> str:
+        return f"{kind}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+
+    def submit(self, work: Any, *args: Any) -> str:
+        request_id = self.new_id("req")
+        self.futures[request_id] = self.worker.submit(work, *args)
+        return request_id
+
+    # -- paths: tinker://<model_id>/<kind>/<name> <-> <root>/<model_id>/<kind>/<name>.pt
+    def file_for(self, path: str) -> Path:
+        if not path.startswith("tinker://"):
+            raise ValueError(f"'{path}' is not a tinker:// path.")
+        return self.root / (path.removeprefix("tinker://").replace(":", "_") + ".pt")
+
+    def policy(self, model_id: str) -> LoraPolicy:
+        if model_id not in self.policies:
+            raise ValueError(f"no training client '{model_id}' on this server.")
+        return self.policies[model_id]
+
+    def check_base(self, base_model: str | None) -> None:
+        if base_model and base_model != self.model_name:
+            raise ValueError(f"this server serves '{self.model_name}', not '{base_model}'.")
+
+    # -- work (runs on the model thread) ----------------------------------------------------------
+    def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.check_base(body.get("base_model"))
+        lora = body.get("lora_config") or {}
+        policy = self.model.new_policy(
+            int(lora.get("rank", 32)),
+            train_attn=bool(lora.get("train_attn", True)),
+            train_mlp=bool(lora.get("train_mlp", True)),
+            train_unembed=bool(lora.get("train_unembed", True)),
+            seed=lora.get("seed"),
+        )
+        model_id = f"{body.get('session_id', 'local')}:train:{body.get('model_seq_id', len(self.policies))}"
+        self.policies[model_id] = policy
+        return {"type": "create_model", "model_id": model_id}
+
+    def save(self, model_id: str, path: str, with_optimizer: bool) -> dict[str, Any]:
+        policy = self.policy(model_id)
+        file = self.file_for(path)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        state = {"weights": policy.snapshot(), "rank": policy.rank, "steps": policy.steps}
+        if with_optimizer and policy.optimizer is not None:
+            state["optimizer"] = policy.optimizer.state_dict()
+        torch.save(state, file)
+        return {"path": path}
+
+    def load(self, body: dict[str, Any]) -> dict[str, Any]:
+        file = self.file_for(body["path"])
+        if not file.exists():
+            raise ValueError(f"no saved weights at '{body['path']}'.")
+        state = torch.load(file, weights_only=False)
+        model_id = body.get("model_id")
+        if model_id is None or model_id not in self.policies:  # load into a new training client
+            created = self.create_model({**body, "lora_config": {"rank": state["rank"]}})
+            model_id = created["model_id"]
+        policy = self.policy(model_id)
+        policy.load(state["weights"])
+        policy.steps = int(state.get("steps", 0))
+        if body.get("optimizer") and "optimizer" in state:
+            policy.optimizer = torch.optim.AdamW(list(policy.trainable().values()))
+            policy.optimizer.load_state_dict(state["optimizer"])
+        return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+
+    def sampler_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        model_id = body["model_id"]
+        policy = self.policy(model_id)
+        if body.get("sampling_session_seq_id") is not None or not body.get("path"):
+            sampler_id = self.new_id("sampler")
+            self.samplers[sampler_id] = (model_id, policy.snapshot())
+            return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
+        path = f"tinker://{model_id}/sampler_weights/{body['path']}"
+        self.save(model_id, path, with_optimizer=False)
+        return {"type": "save_weights_for_sampler", "path": path}
+
+    def open_sampler(self, body: dict[str, Any]) -> str:
+        """A sampling session over a saved path or the base model."""
+        path = body.get("model_path")
+        sampler_id = self.new_id("sampler")
+        if path:
+            model_id = path.removeprefix("tinker://").split("/", 1)[0]
+            state = torch.load(self.file_for(path), weights_only=False)
+            self.samplers[sampler_id] = (model_id if model_id in self.policies else None, state["weights"])
+            if model_id not in self.policies:  # weights from an earlier server run: give them a policy
+                self.policies[model_id] = self.model.new_policy(
+                    state["rank"], train_attn=True, train_mlp=True, train_unembed=True, seed=None
+                )
+                self.samplers[sampler_id] = (model_id, state["weights"])
+        else:
+            self.check_base(body.get("base_model"))
+            self.samplers[sampler_id] = (None, None)
+        return sampler_id
+
+    def submit_sample(self, body: dict[str, Any]) -> str:
+        """Queue a sample request; requests waiting together run as one decode batch per sampler."""
+        request_id = self.new_id("req")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.futures[request_id] = future
+        with self._pending_lock:
+            self._pending_samples.append((body, future))
+        self.worker.submit(self._drain_samples)
+        return request_id
+
+    def _drain_samples(self) -> None:
+        from adapters.tinker.wire import sample_response
+
+        with self._pending_lock:
+            batch, self._pending_samples = self._pending_samples, []
+        by_sampler: dict[str, list[tuple[dict[str, Any], concurrent.futures.Future[Any]]]] = defaultdict(list)
+        for body, future in batch:
+            try:
+                sampler_id = body.get("sampling_session_id") or self.open_sampler(body)
+                if sampler_id not in self.samplers:
+                    raise ValueError(f"no sampling session '{sampler_id}' on this server.")
+                if not any(chunk.get("tokens") for chunk in body["prompt"]["chunks"]):
+                    raise ValueError("the prompt has no tokens.")
+                by_sampler[sampler_id].append((body, future))
+            except Exception as exc:
+                future.set_exception(exc)
+        for sampler_id, items in by_sampler.items():
+            model_id, weights = self.samplers[sampler_id]
+            policy = self.policies.get(model_id) if model_id else None
+            prompts = [
+                [t for chunk in body["prompt"]["chunks"] for t in chunk.get("tokens", [])]
+                for body, _ in items
+            ]
+            try:
+                requests = [
+                    (p, int(body.get("num_samples", 1)), body["sampling_params"])
+                    for p, (body, _) in zip(prompts, items, strict=True)
+                ]
+                results = self.model.sample(policy, weights, requests)
+                for prompt, (body, future), sequences in zip(prompts, items, results, strict=True):
+                    logprobs = (
+                        self.model.prompt_logprobs(policy, weights, prompt)
+                        if body.get("prompt_logprobs")
+                        else None
+                    )
+                    future.set_result(sample_response(sequences, logprobs))
+            except Exception as exc:  # every request of the batch learns of it
+                for _, future in items:
+                    if not future.done():
+                        future.set_exception(exc)
+
+    def forward_backward(self, raw: bytes) -> bytes:
+        from adapters.tinker.wire import forward_backward_output, parse_forward_backward
+
+        fields, data = parse_forward_backward(raw)
+        policy = self.policy(fields["model_id"])
+        logprobs, loss = self.model.forward_backward(
+            policy, data, fields["loss_fn"], fields["loss_fn_config"], fields["forward_only"]
+        )
+        return forward_backward_output(logprobs, loss)
+
+
+def create_app(state: TinkerState) -> Any:
+    app = FastAPI(title="rl-bridges local Tinker server")
+
+    def promise(request_id: str, **extra: Any) -> dict[str, Any]:
+        return {"request_id": request_id, **extra}
+
+    @app.exception_handler(Exception)
+    async def refuse(request: Request, exc: Exception) -> JSONResponse:  # never a 500 the SDK retries
+        return JSONResponse({"detail": " ".join(str(exc).split()) or type(exc).__name__}, status_code=400)
+
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/client/config")
+    async def client_config() -> dict[str, Any]:
+        return {"pjwt_auth_enabled": False}
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def dynamic_config() -> dict[str, Any]:
+        return {}
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry() -> dict[str, Any]:
+        return {}
+
+    @app.post("/api/v1/create_session")
+    async def create_session() -> dict[str, Any]:
+        return {"type": "create_session", "session_id": state.new_id("session")}
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat() -> dict[str, Any]:
+        return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish(session_id: str) -> dict[str, Any]:
+        return {}
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities() -> dict[str, Any]:
+        model = {"model_name": state.model_name, "max_context_length": state.model.max_context}
+        return {"supported_models": [{**model, "trainable": True, "sampleable": True}]}
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> dict[str, Any]:
+        return promise(state.submit(state.create_model, await request.json()))
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        policy = state.policy(body["model_id"])
+        data = {
+            "model_name": state.model_name,
+            "tokenizer_id": state.model.path,
+            "arch": state.model.base.config.model_type,
+        }
+        return {
+            "type": "get_info",
+            "model_id": body["model_id"],
+            "model_data": data,
+            "lora_rank": policy.rank,
+        }
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> dict[str, Any]:
+        if "zstd" in request.headers.get("content-encoding", ""):
+            raise ValueError(
+                "compressed forward_backward bodies are not accepted; this server never asks for them."
+            )
+        return promise(state.submit(state.forward_backward, await request.body()))
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        adam = body.get("adam_params") or body.get("optim_params") or {}
+
+        def work() -> dict[str, Any]:
+            return {
+                "type": "optim_step",
+                "metrics": state.model.optim_step(state.policy(body["model_id"]), adam),
+            }
+
+        return promise(state.submit(work))
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        path = f"tinker://{body['model_id']}/weights/{body.get('path') or state.new_id('state')}"
+        return promise(
+            state.submit(lambda: {"type": "save_weights", **state.save(body["model_id"], path, True)})
+        )
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict[str, Any]:
+        return promise(state.submit(state.load, await request.json()))
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
+        return promise(state.submit(state.sampler_weights, await request.json()))
+
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        sampler_id = state.worker.submit(state.open_sampler, body).result()
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str) -> dict[str, Any]:
+        return {"sampler_id": sampler_id, "base_model": state.model_name}
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        ids = [state.new_id("seq") for _ in range(int(body.get("num_samples", 1)))]
+        return promise(state.submit_sample(body), sample_sequence_ids=ids)
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Any:
+        import asyncio
+
+        body = await request.json()
+        future = state.futures.get(body["request_id"])
+        if future is None:
+            return JSONResponse({"detail": "unknown request_id"}, status_code=410)
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(future), RETRIEVE_WAIT_S)
+        except TimeoutError:
+            return {"type": "try_again"}
+        except Exception as exc:  # the work failed: terminal, reported by the SDK as RequestFailedError
+            return {"error": " ".join(str(exc).split()) or type(exc).__name__, "category": "user"}
+        state.futures.pop(body["request_id"], None)
+        if isinstance(result, bytes):
+            return Response(content=result, media_type=PROTOBUF)
+        return result
+
+    return app
+
+
+def build_state(config: TinkerServerConfig) -> TinkerState:
+    from bridges.tiny import resolve_model_path
+
+    return TinkerState(
+        LocalModel(resolve_model_path(config.model), device=config.device),
+        config.model_name or config.model,
+        config.root,
+    )
+
+
+def serve_in_thread(config: TinkerServerConfig) -> Any:
+    """Start the server on a background thread (``port=0``: a free port); returns the ``ServerThread``."""
+    from bridges.serve import ServerThread, check_bind
+
+    check_bind(config.host, None)
+    return ServerThread(
+        create_app(build_state(config)), host=config.host, port=config.port, log_level=config.log_level
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    from bridges.serve import check_bind
+
+    config = parse_config(TinkerServerConfig, sys.argv[1:] if argv is None else argv)
+    check_bind(config.host, None)
+    app = create_app(build_state(config))
+    print(
+        f"local Tinker server for '{config.model_name or config.model}' on http://{config.host}:{config.port}"
+    )
+    print(f"  TINKER_BASE_URL=http://{config.host}:{config.port} TINKER_API_KEY=tml-local")
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,79 @@
+"""What every training backend does around a batch: which rows come next, which samples train, what to log.
+
+The data order is a seeded permutation per epoch addressed by a position, so a checkpoint only has to
+store that position to resume exactly. ``groups_to_samples`` keeps what carries signal (masked
+members and groups without reward variance cost no compute) and ``step_metrics`` is the per-step
+row every backend writes to ``metrics.jsonl``, so runs compare across backends key for key.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import Counter
+from typing import Any
+
+from workflows.samples import SampleStats, episode_to_samples, truncate_sample
+from workflows.types import Group, TrainingSample
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(size: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(size))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
+def rows_at(dataset: Any, position: int, count: int, seed: int) -> list[dict[str, Any]]:
+    size = len(dataset)
+    rows = []
+    for pos in range(position, position + count):
+        epoch, offset = divmod(pos, size)
+        rows.append(dataset[_epoch_order(size, seed, epoch)[offset]])
+    return rows
+
+
+def groups_to_samples(
+    groups: list[Group], max_completion_length: int
+) -> tuple[list[TrainingSample], SampleStats]:
+    """Samples of the groups that carry signal; masked and no-signal members cost no compute."""
+    stats = SampleStats()
+    samples: list[TrainingSample] = []
+    for group in groups:
+        if not group.contributes_gradient:
+            continue
+        for episode, advantage in zip(group.episodes, group.advantages, strict=True):
+            if episode.valid and advantage != 0.0:
+                for sample in episode_to_samples(episode, advantage, stats):
+                    samples.append(truncate_sample(sample, sample.prompt_length + max_completion_length))
+    return samples, stats
+
+
+def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, Any]:
+    episodes = [e for g in groups for e in g.episodes]
+    valid = [e for e in episodes if e.valid]
+    rewards = [e.reward for e in valid if e.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    versions = [
+        s.weight_version
+        for e in valid
+        for t in e.trajectories
+        for s in t.steps
+        if s.weight_version is not None
+    ]
+    row: dict[str, Any] = {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else None,
+        "episodes/total": len(episodes),
+        "episodes/masked": len(episodes) - len(valid),
+        "groups/zero_variance": sum(g.skip_reason == "zero_variance" for g in groups),
+        "groups/too_few_valid": sum(g.skip_reason == "too_few_valid" for g in groups),
+        "tokens/completion_mean": sum(e.num_completion_tokens for e in valid) / max(1, len(valid)),
+        "samples/trained": stats.samples,
+        "samples/breaks": stats.breaks,
+        "off_policy/max_staleness": engine_version - min(versions) if versions else 0,
+        "drift/tokens": sum(e.drift_tokens or 0 for e in episodes),
+    }
+    for reason, count in Counter(e.stop_reason for e in episodes).items():
+        row[f"stop/{reason}"] = count
+    return row
