@@ -58,6 +58,18 @@ class SamplingParams:
     seed: int | None = None
     include_stop_str_in_output: bool = False
 
+    def stops_and_seed(self) -> dict[str, Any]:
+        """``stop``, ``stop_token_ids`` and ``seed``, only those that are set: the fields vLLM-style
+        request formats (vLLM, its OpenAI server, verl's servers) share by name."""
+        fields: dict[str, Any] = {}
+        if self.stop:
+            fields["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            fields["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            fields["seed"] = self.seed
+        return fields
+
 
 @dataclass(slots=True)
 class Sample:

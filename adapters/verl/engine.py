@@ -55,14 +55,11 @@ class VerlServerEngine:
     def sampling_params(self, prompt_len: int, params: SamplingParams) -> dict[str, Any]:
         used = 0 if self.first_prompt_len is None else prompt_len - self.first_prompt_len
         room = max(1, self.response_length - used)
-        out = {**self.base_sampling_params, "max_tokens": min(params.max_tokens, room)}
-        if params.stop:
-            out["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            out["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
-            out["seed"] = params.seed
-        return out
+        return {
+            **self.base_sampling_params,
+            "max_tokens": min(params.max_tokens, room),
+            **params.stops_and_seed(),
+        }
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         if self.first_prompt_len is None:

@@ -36,13 +36,7 @@ def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
         "skip_special_tokens": False,
         "include_stop_str_in_output": params.include_stop_str_in_output,
     }
-    if params.stop:
-        kwargs["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        kwargs["stop_token_ids"] = list(params.stop_token_ids)
-    if params.seed is not None:
-        kwargs["seed"] = params.seed
-    return kwargs
+    return {**kwargs, **params.stops_and_seed()}
 
 
 def samples_from_output(output: Any, weight_version: int) -> list[Sample]:

@@ -30,13 +30,7 @@ def completion_body(model: str, prompt_ids: list[int], params: SamplingParams, n
     }
     if params.top_k > 0:
         body["top_k"] = params.top_k
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        body["stop_token_ids"] = list(params.stop_token_ids)
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
+    return {**body, **params.stops_and_seed()}
 
 
 def samples_from_completion(reply: dict[str, Any], weight_version: int) -> list[Sample]:

@@ -82,7 +82,10 @@ def test_failing_rollouts_are_masked_and_never_abort_a_step(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert row["episodes/total"] == 24
-        assert row["episodes/masked"] == row["stop/reward_error"] == 8  # every third rollout raised
+        assert row["episodes/masked"] == row["stop/reward_error"] >= 1
+    # every third reward call raised: a third of all 72 rollouts. Per step the count varies, because the
+    # next batch is already being scored (num_batches_ahead=1) while one step trains
+    assert sum(row["stop/reward_error"] for row in rows) == 24
     traces = [
         json.loads(x)
         for x in (tmp_path / "grpo-bridges_test_flaky_env" / "traces.jsonl").read_text().splitlines()
