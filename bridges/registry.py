@@ -85,9 +85,23 @@ def find_loader(env_id: str) -> Callable[..., Any]:
     )
 
 
+VERIFIERS_PREFIX = "vf:"
+VERIFIERS_ADAPTER = "adapters.verifiers"  # imported only when a verifiers environment is asked for
+
+
 def load_environment(env_id: str, **kwargs: Any) -> Any:
-    """Build the environment ``env_id`` with ``kwargs``; records ``env_id``/``env_args`` on it."""
+    """Build the environment ``env_id`` with ``kwargs``; records ``env_id``/``env_args`` on it.
+
+    ``vf:<module>`` loads an environment written for verifiers 0.1.8-0.3.x; a module that turns out
+    to return a verifiers environment is wrapped the same way.
+    """
+    if isinstance(env_id, str) and env_id.startswith(VERIFIERS_PREFIX):
+        return importlib.import_module(VERIFIERS_ADAPTER).load_vf_environment(
+            env_id.removeprefix(VERIFIERS_PREFIX), **kwargs
+        )
     env = find_loader(env_id)(**kwargs)
+    if any(cls.__module__.split(".")[0] == "verifiers" for cls in type(env).__mro__):
+        env = importlib.import_module(VERIFIERS_ADAPTER).wrap(env, env_id=env_id, env_args=dict(kwargs))
     with contextlib.suppress(AttributeError):  # an object that refuses attributes is still returned
         if getattr(env, "env_id", None) is None:
             env.env_id = env_id

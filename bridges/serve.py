@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import inspect
 import ipaddress
 import socket
 import sys
@@ -23,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.config import parse_config, run_cli
 from bridges.errors import ConfigError
 
@@ -44,32 +44,6 @@ class ServeConfig:
     device: str = "cpu"
     max_batch_size: int = 64
     log_level: str = "warning"
-
-
-def _split_kwargs(body: dict[str, Any], sdk_create: Any) -> dict[str, Any]:
-    """JSON body -> ``create`` kwargs: keys the SDK knows stay, the rest are vLLM-style extra_body keys."""
-    known = _sdk_params(sdk_create)
-    kwargs: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in known and key not in ("extra_body", "extra_headers", "extra_query", "timeout"):
-            kwargs[key] = value
-        else:
-            extra[key] = value
-    if extra:
-        kwargs["extra_body"] = extra
-    return kwargs
-
-
-_PARAMS_CACHE: dict[Any, frozenset[str]] = {}
-
-
-def _sdk_params(func: Any) -> frozenset[str]:
-    params = _PARAMS_CACHE.get(func)
-    if params is None:
-        params = frozenset(inspect.signature(func).parameters) - {"self"}
-        _PARAMS_CACHE[func] = params
-    return params
 
 
 def _error_response(
@@ -115,13 +89,13 @@ def create_app(client: Any, api_key: str | None = None) -> Any:
         if not isinstance(body, dict):
             return _error_response(400, "the request body must be a JSON object.")
         try:
-            response = await create(**_split_kwargs(body, sdk_create))
+            response = await create(**split_kwargs(body, sdk_create))
         except TypeError as exc:  # a missing required argument, as the SDK would report it
             return _error_response(400, str(exc))
         except Exception as exc:
             status, payload = error_body(exc)
             return JSONResponse(payload, status_code=status)
-        return JSONResponse(response.model_dump(mode="json", exclude_unset=True))
+        return JSONResponse(response_json(response))
 
     async def chat(request: Request) -> Response:
         return await run(request, client.chat.completions.create, SDKChatCompletions.create)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Message = dict[str, Any]
 """An OpenAI-style chat message (``role``, ``content``, optional ``tool_calls``/``tool_call_id``)."""
@@ -148,6 +148,9 @@ class State(BaseModel):
     drift_tokens: int | None = None
     drifted_turns: int | None = None
     extras: dict[str, Any] = Field(default_factory=dict)
+    # the state object of the framework an adapter ran this rollout with (a verifiers State): kept for
+    # scoring with that framework's rubric, never serialised
+    _native: Any = PrivateAttr(default=None)
 
     @property
     def errored(self) -> bool:

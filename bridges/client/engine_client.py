@@ -16,10 +16,14 @@ served in-process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import itertools
+import json
 import secrets
 import time
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
@@ -33,8 +37,9 @@ from openai.resources.models import AsyncModels as _SDKModels
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion
 
-from bridges.client.api_errors import bad_request, internal_error, timeout_error
+from bridges.client.api_errors import bad_request, error_body, internal_error, timeout_error
 from bridges.client.arguments import CHAT_PATH, COMPLETIONS_PATH, parse_chat, parse_completion
+from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.client.ledger import (
     LedgerRecord,
     TokenLedger,
@@ -90,15 +95,62 @@ class UnsupportedEndpointError(openai.OpenAIError):
     """An SDK method EngineClient does not serve in-process."""
 
 
-class _UnservedTransport(httpx2.AsyncBaseTransport):
-    """Answers every HTTP request the SDK would send: only the overridden fast paths are served."""
+_RESPONSE_SINK: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "bridges_responses", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_responses() -> Iterator[list[Any]]:
+    """Collect every chat completion an ``EngineClient`` returns inside this context (and tasks it starts).
+
+    For code that calls the client through layers that drop the token-id extras on the way back
+    (verifiers' client wrappers): the recorded responses still carry them.
+    """
+    sink: list[Any] = []
+    token = _RESPONSE_SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _RESPONSE_SINK.reset(token)
+
+
+class _InProcessTransport(httpx2.AsyncBaseTransport):
+    """What the SDK's generic HTTP methods reach (``client.post("/chat/completions", body=...)``, as
+    verifiers 0.3 sends): the chat and completion endpoints run the same in-process paths as the
+    overridden ``create`` methods; anything else answers with one sentence."""
+
+    def __init__(self) -> None:
+        self.client: EngineClient | None = None  # set once the client exists
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        raise UnsupportedEndpointError(
-            f"EngineClient serves only chat.completions.create, completions.create and models.list "
-            f"in-process, so {request.method} {request.url.path} is not available (run python -m "
-            f"bridges.serve to reach the engine over HTTP)."
+        path = request.url.path
+        client = self.client
+        if (
+            request.method != "POST"
+            or client is None
+            or not path.endswith(("/chat/completions", "/completions"))
+        ):
+            raise UnsupportedEndpointError(
+                f"EngineClient serves only chat completions, completions and models in-process, so "
+                f"{request.method} {path} is not available (run python -m bridges.serve to reach the "
+                f"engine over HTTP)."
+            )
+        chat = path.endswith("/chat/completions")
+        create, sdk_create = (
+            (client._chat_create, _SDKChatCompletions.create)
+            if chat
+            else (client._completion_create, _SDKCompletions.create)
         )
+        try:
+            body = json.loads(await request.aread())
+            response = await create(**split_kwargs(body, sdk_create))
+        except Exception as exc:  # the same status and error JSON bridges.serve would send
+            status, payload = error_body(
+                exc if not isinstance(exc, (TypeError, ValueError)) else bad_request(str(exc))
+            )
+            return httpx2.Response(status, json=payload, request=request)
+        return httpx2.Response(200, json=response_json(response), request=request)
 
 
 class _ChatCompletions(_SDKChatCompletions):
@@ -177,12 +229,14 @@ class EngineClient(openai.AsyncOpenAI):
         if request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {request_timeout}.")
         parse_tools = get_tool_parser(tool_parser)
+        transport = _InProcessTransport()
         super().__init__(
             api_key="engine-client",
             base_url=_BASE_URL,
             max_retries=0,
-            http_client=httpx2.AsyncClient(transport=_UnservedTransport()),
+            http_client=httpx2.AsyncClient(transport=transport),
         )
+        transport.client = self
         self.engine = engine
         self.model_name = model_name
         self.request_timeout = float(request_timeout)
@@ -384,7 +438,11 @@ class EngineClient(openai.AsyncOpenAI):
         if request.return_drift and first_record is not None:
             drift = measure_record_drift(first_record, _as_dicts(messages), renderer)
             payload["drift_tokens"], payload["drifted_turns"] = drift
-        return validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
+        response = validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
+        sink = _RESPONSE_SINK.get()
+        if sink is not None:
+            sink.append(response)
+        return response
 
     # -- completions ---------------------------------------------------------------------------
     async def _completion_create(self, **kwargs: Any) -> Completion:

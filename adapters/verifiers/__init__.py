@@ -1,0 +1,73 @@
+"""Environments written for verifiers 0.1.8–0.3.x, run unchanged on every rl-bridges backend.
+
+``load_environment("vf:<module>", **kwargs)`` (or any module whose ``load_environment`` returns a
+verifiers environment) builds the environment with the real ``verifiers`` package and wraps it in
+``VerifiersEnvironment``. Its rollouts run verifiers' own loop (``env_response``, ``@vf.stop``
+conditions, parsers, tools) against our ``EngineClient``, wrapped in verifiers' client type where
+its version needs one; every chat completion the loop receives is recorded with its token ids, so
+the rollout becomes a token-exact episode that trains on grpo, TRL, verl and Tinker alike. Scoring
+is verifiers' own rubric (group reward functions included), so rewards are what verifiers computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from bridges.errors import ConfigError, require_extra
+
+SUPPORTED_RANGE = ">=0.1.8,<0.4"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def require_verifiers() -> Any:
+    """The installed ``verifiers``, or one sentence saying which range is needed."""
+    vf = require_extra("verifiers", "verifiers", "environments written for verifiers")
+    version = str(getattr(vf, "__version__", "0"))
+    if not (0, 1, 8) <= _version_tuple(version) < (0, 4):
+        raise ConfigError(
+            f"verifiers {version} is installed, but environments written for verifiers need 0.1.8-0.3.x "
+            f"(pip install 'verifiers{SUPPORTED_RANGE}'); 0.4 dropped that API."
+        )
+    return vf
+
+
+def is_verifiers_environment(obj: Any) -> bool:
+    """True for an environment object from the verifiers package (checked without importing it)."""
+    return any(cls.__module__.split(".")[0] == "verifiers" for cls in type(obj).__mro__)
+
+
+def wrap(vf_env: Any, env_id: str | None = None, env_args: dict[str, Any] | None = None) -> Any:
+    from adapters.verifiers.environment import VerifiersEnvironment
+
+    require_verifiers()
+    return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args)
+
+
+def load_vf_environment(module: str, **kwargs: Any) -> Any:
+    """``module.load_environment(**kwargs)`` with verifiers checked first, wrapped."""
+    require_verifiers()
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            raise ConfigError(
+                f"no importable module '{module}' for the verifiers environment 'vf:{module}'."
+            ) from exc
+        raise
+    vf_env = loaded.load_environment(**kwargs)
+    if not is_verifiers_environment(vf_env):
+        raise ConfigError(
+            f"'{module}.load_environment' returned {type(vf_env).__name__}, not a verifiers environment."
+        )
+    return wrap(vf_env, env_id=f"vf:{module}", env_args=dict(kwargs))
+
+
+__all__ = ["SUPPORTED_RANGE", "is_verifiers_environment", "load_vf_environment", "require_verifiers", "wrap"]

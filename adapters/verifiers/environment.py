@@ -1,0 +1,144 @@
+"""``VerifiersEnvironment``: a verifiers (Gen B, 0.1.8–0.3.x) environment behind our ``Environment``.
+
+Rollouts run verifiers' own ``rollout`` (its loop, ``env_response``, stop conditions, tools) with our
+``EngineClient``; verifiers 0.1.11+ wants its own client type, so the client is wrapped in
+``vf.OpenAIChatCompletionsClient``, whose requests reach ``EngineClient``'s in-process transport.
+The token ids that verifiers' response types drop are recovered from ``recording_responses``: every
+completion the rollout received, in order, becomes one of our ``Turn``s. Scoring calls the
+verifiers rubric on the verifiers states, so group reward functions see the group and errors are
+handled the way verifiers handles them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+from bridges.envs.base import Environment
+from bridges.messages import to_message_dicts
+from bridges.types import State, StopReason
+
+# verifiers' built-in stop conditions and the stop reasons they mean here; custom ones keep their name
+_STOP_REASONS = {
+    "has_error": StopReason.ENV_ERROR.value,
+    "prompt_too_long": StopReason.PROMPT_TOO_LONG.value,
+    "timeout_reached": StopReason.TIMEOUT.value,
+    "max_turns_reached": StopReason.MAX_TURNS.value,
+}
+
+
+class VerifiersRubric:
+    """The face of a verifiers rubric that backends read (names and weights of the reward functions)."""
+
+    def __init__(self, vf_rubric: Any) -> None:
+        self.vf_rubric = vf_rubric
+        self.parser = getattr(vf_rubric, "parser", None)
+        rubrics = getattr(vf_rubric, "rubrics", None) or [vf_rubric]  # a RubricGroup holds several
+        self._pairs = [
+            (f.__name__, float(w)) for r in rubrics for f, w in zip(r.funcs, r.weights, strict=True)
+        ]
+
+    def get_reward_func_names(self) -> list[str]:
+        return [name for name, _ in self._pairs]
+
+    def get_reward_weights(self) -> list[float]:
+        return [weight for _, weight in self._pairs]
+
+    async def score_group(self, states: list[State]) -> None:
+        """Score with verifiers' rubric; each of our states must carry the verifiers state it came from."""
+        natives = [s._native for s in states]
+        if any(n is None for n in natives):
+            raise ValueError("a verifiers rubric scores rollouts made by VerifiersEnvironment.rollout only.")
+        started = time.perf_counter()
+        score = self.vf_rubric.score_group
+        if len(inspect.signature(score).parameters) >= 2:  # 0.1.8-0.1.9: score_group(states, score_sem)
+            import asyncio
+
+            await score(natives, asyncio.Semaphore(len(natives)))
+        else:
+            await score(natives)
+        for state, native in zip(states, natives, strict=True):
+            if state.errored:
+                state.reward = None
+                continue
+            state.reward = float(native.get("reward") or 0.0)
+            state.metrics.update({k: float(v) for k, v in (native.get("metrics") or {}).items()})
+            state.timing.scoring_s += time.perf_counter() - started
+
+
+class VerifiersEnvironment(Environment):
+    def __init__(
+        self, vf_env: Any, *, env_id: str | None = None, env_args: dict[str, Any] | None = None
+    ) -> None:
+        self.vf_env = vf_env
+        super().__init__(
+            dataset=(lambda: vf_env.get_dataset()) if getattr(vf_env, "dataset", None) is not None else None,
+            eval_dataset=(lambda: vf_env.get_eval_dataset()),
+            rubric=VerifiersRubric(vf_env.rubric),  # type: ignore[arg-type]
+            sampling_args=dict(getattr(vf_env, "sampling_args", None) or {}),
+            env_id=env_id,
+            env_args=env_args,
+        )
+        self.parser = getattr(vf_env, "parser", None) or self.parser
+        import verifiers as vf
+
+        from adapters.verifiers import _version_tuple
+
+        self._wants_task = _version_tuple(str(getattr(vf, "__version__", "0"))) < (0, 1, 13)
+
+    def _vf_client(self, client: Any) -> Any:
+        import verifiers as vf
+
+        wrapper = getattr(
+            vf, "OpenAIChatCompletionsClient", None
+        )  # 0.1.11+; older versions take the raw client
+        return wrapper(client) if wrapper is not None else client
+
+    async def rollout(
+        self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
+    ) -> State:
+        from bridges.client.engine_client import recording_responses
+        from bridges.envs.multiturn import turn_from_response
+
+        started = time.perf_counter()
+        state = self.init_state(row)
+        vf_input = {
+            "prompt": state.prompt,
+            "answer": state.answer,
+            "info": state.info,
+            "example_id": state.example_id,
+        }
+        if self._wants_task:  # 0.1.8-0.1.12 required a task name; 0.3 refuses a plain string there
+            vf_input["task"] = state.task
+        args = self.merged_sampling_args(sampling_args)
+        try:
+            with recording_responses() as responses:
+                native = await self.vf_env.rollout(vf_input, self._vf_client(client), model, args)
+            state._native = native
+            state.completion = to_message_dicts(native.get("completion") or [])
+            state.turns = [turn_from_response(r) for r in responses]
+            error = native.get("error")
+            stop = native.get("stop_condition")
+            if error is not None:
+                state.error = (
+                    f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+                )
+                state.stop_reason = _STOP_REASONS.get(stop, StopReason.ENV_ERROR.value)
+            elif native.get("prompt_too_long"):
+                state.stop_reason = StopReason.PROMPT_TOO_LONG.value
+            else:
+                state.stop_reason = _STOP_REASONS.get(stop, stop) or StopReason.COMPLETED.value
+        except Exception as exc:  # verifiers records its own errors; this is a bug outside its loop
+            state.stop_reason, state.error = StopReason.ENV_ERROR.value, f"{type(exc).__name__}: {exc}"
+        state.metrics["num_turns"] = float(len(state.turns))
+        drift = getattr(client, "measure_drift", None)
+        if drift is not None and state.turns and not state.errored:
+            measured = drift(state.messages)
+            if measured is not None:
+                state.drift_tokens, state.drifted_turns = measured
+        state.timing.total_s = time.perf_counter() - started
+        return state
+
+    async def score_group(self, states: list[State]) -> None:
+        await self.rubric.score_group(states)  # type: ignore[union-attr]

@@ -1,0 +1,127 @@
+"""Environments written for verifiers 0.1.8-0.3.x, loaded with the real verifiers package and run here.
+
+The fixture module (tests/fixtures/vf_fixture_envs.py) is written exactly as an Environments-Hub
+module: ``import verifiers as vf``, ``vf.SingleTurnEnv``/``vf.MultiTurnEnv``, ``vf.Rubric`` with an
+individual and a group reward function, and a ``@vf.stop`` condition.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridges.registry import load_environment
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+@pytest.fixture
+def client(tiny_path: Path) -> Any:
+    from adapters.hf import HFEngine
+    from bridges.client import EngineClient
+
+    return EngineClient(HFEngine.from_pretrained(str(tiny_path)), model_name="tiny")
+
+
+def expected_reward(metrics: dict[str, float]) -> float:
+    return metrics["lowercase_share"] + 0.5 * metrics["longest_in_group"]
+
+
+async def test_single_turn_env_scores_with_verifiers_rubric_and_group_rewards(
+    client: Any, tiny_tokenizer: Any
+):
+    env = load_environment("vf:vf_fixture_envs", kind="single")
+    assert type(env).__name__ == "VerifiersEnvironment" and env.env_id == "vf:vf_fixture_envs"
+    result = await env.evaluate(client, "tiny", num_examples=3, rollouts_per_example=4, progress=False)
+    assert len(result.states) == 12
+    for start in range(0, 12, 4):
+        group = result.states[start : start + 4]
+        lengths = [len(s.completion[-1]["content"] or "") for s in group]
+        # the group function saw exactly this group: 1.0 for its longest completions, else 0.0
+        assert [s.metrics["longest_in_group"] for s in group] == [float(n == max(lengths)) for n in lengths]
+        for state in group:
+            assert state.reward == pytest.approx(expected_reward(state.metrics))
+            (turn,) = state.turns
+            assert (
+                turn.prompt_ids
+                == tiny_tokenizer.apply_chat_template(state.prompt, add_generation_prompt=True)["input_ids"]
+            )
+            assert 0 < len(turn.completion_ids) == len(turn.logprobs) <= 8
+
+
+async def test_multi_turn_env_keeps_its_stop_condition_and_extends_token_exactly(
+    client: Any, tiny_tokenizer: Any
+):
+    from workflows.rollouts import run_group
+    from workflows.samples import SampleStats, episode_to_samples
+
+    env = load_environment("vf:vf_fixture_envs", kind="multi")
+    group = await run_group(env, dict(env.get_dataset()[0]), client, 3, {"seed": 5}, model="tiny")
+    for state, episode in zip(group.states, group.episodes, strict=True):
+        assert state.stop_reason == "two_rounds" and state.extras == {} and state.drift_tokens == 0
+        assert len(state.turns) == 3 and [m["role"] for m in state.completion] == [
+            "assistant",
+            "user",
+        ] * 2 + ["assistant"]
+        stats = SampleStats()
+        (sample,) = episode_to_samples(episode, advantage=1.0, stats=stats)
+        assert stats.breaks == 0  # every turn's prompt is the last prompt + the ids sampled + the env reply
+        masked = tiny_tokenizer.decode(
+            [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if not m]
+        )
+        assert "round 1: again" in masked and "round 2: again" in masked
+        assert state.reward == pytest.approx(expected_reward(state.metrics))
+    assert group.contributes_gradient or group.skip_reason == "zero_variance"
+
+
+def test_a_bare_module_returning_a_verifiers_env_is_wrapped():
+    env = load_environment("vf_fixture_envs", kind="single")
+    assert type(env).__name__ == "VerifiersEnvironment" and env.env_id == "vf_fixture_envs"
+    # verifiers' MultiTurnEnv adds its monitor rubric (num_turns, weight 0) beside the env's own
+    assert env.rubric.get_reward_func_names() == ["lowercase_share", "longest_in_group", "num_turns"]
+    assert env.rubric.get_reward_weights() == [1.0, 0.5, 0.0]
+
+
+def test_a_verifiers_version_outside_the_range_is_one_sentence(monkeypatch: pytest.MonkeyPatch):
+    import verifiers
+
+    from bridges.errors import ConfigError
+
+    monkeypatch.setattr(verifiers, "__version__", "0.4.0")
+    with pytest.raises(ConfigError, match=r"need 0\.1\.8-0\.3\.x") as info:
+        load_environment("vf:vf_fixture_envs")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
+    from bridges.config import parse_config
+    from bridges.grpo.trainer import run
+    from bridges.train_config import TrainConfig
+
+    config = parse_config(
+        TrainConfig,
+        [
+            "env=vf:vf_fixture_envs", "env_args.kind=multi", f"output_dir={tmp_path}", "progress=false",
+            "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "run_name=vf",
+        ],
+    )  # fmt: skip
+    assert run(config) == 0
+    rows = [json.loads(x) for x in (tmp_path / "vf" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(
+        r["episodes/total"] == 8 and r["episodes/masked"] == 0 and r["stop/two_rounds"] == 8 for r in rows
+    )
+    assert rows[-1]["weight_version"] >= 1  # the policy trained and the engine got the new weights
+    trace = json.loads((tmp_path / "vf" / "traces.jsonl").read_text().splitlines()[0])
+    assert trace["provenance"]["env_id"] == "vf:vf_fixture_envs" and len(trace["turns"]) == 3
+    del sys.modules["vf_fixture_envs"]
