@@ -42,13 +42,18 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     keep: int = 2,
+    tokenizer: Any = None,
 ) -> Path:
+    """Write a checkpoint atomically (staging folder, then rename); ``model/`` loads with from_pretrained
+    on its own (the tokenizer is saved beside the weights), so any checkpoint is also a usable model."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{state.step:06d}"
     staging = directory / f".tmp-{final.name}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     model.save_pretrained(staging / "model")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging / "model")
     torch.save(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
         staging / "trainer.pt",

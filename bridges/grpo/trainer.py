@@ -293,7 +293,15 @@ async def _run(config: TrainConfig) -> int:
             logger.log(row)
             _report(progress, row)
             if (config.save_every > 0 and state.step % config.save_every == 0) or state.step == t.max_steps:
-                save_checkpoint(ckpt_dir, state, policy, optimizer, scheduler, keep=config.keep_checkpoints)
+                save_checkpoint(
+                    ckpt_dir,
+                    state,
+                    policy,
+                    optimizer,
+                    scheduler,
+                    keep=config.keep_checkpoints,
+                    tokenizer=tokenizer,
+                )
     finally:
         for _, task in pending:
             task.cancel()

@@ -2,10 +2,10 @@
 
 Real: verl's hydra config composed from the overrides ``backend=verl`` builds, our parquet read by
 verl's ``RLHFDataset``, our loop instantiated by verl from the YAML we write, verl's padding, masks
-and ``rm_scores``. Stood in for: only verl's GPU rollout server, by ``HFServerClient``, which
-answers verl's own ``generate(request_id, prompt_ids=..., sampling_params=...)`` seam with the tiny
-model through ``adapters.hf`` and records what it sampled, so the test can check that the ids verl
-trains on are exactly those.
+and ``rm_scores``. Stood in for: only verl's GPU rollout server, by ``adapters.verl.local_server``,
+which answers verl's own ``generate(request_id, prompt_ids=..., sampling_params=...)`` seam with the
+tiny model through ``adapters.hf`` and records what it sampled, so the test can check that the ids
+verl trains on are exactly those.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from verl_stand_in import HFServerClient
 
 from adapters.verl.launch import prepare
+from adapters.verl.local_server import HFServerManager as HFServerClient
 from bridges.config import parse_config
 from bridges.train_config import TrainConfig
 

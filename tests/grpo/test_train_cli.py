@@ -50,6 +50,13 @@ def test_checkpoint_every_step_then_resume_continues_from_step_two(tmp_path: Pat
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "step_000003").is_dir() and (run_dir / "reward_curve.png").exists()
+    # a checkpoint is a usable model folder: weights and tokenizer load with from_pretrained
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = run_dir / "checkpoints" / "step_000003" / "model"
+    assert AutoTokenizer.from_pretrained(model_dir).chat_template and AutoModelForCausalLM.from_pretrained(
+        model_dir
+    )
     steps = [
         json.loads(line)["provenance"]["step"] for line in (run_dir / "traces.jsonl").read_text().splitlines()
     ]

@@ -1,0 +1,223 @@
+"""``python -m bridges.compare env=<id> backends=[grpo,trl,tinker,verl] model=<...>``: same rows, same
+seeds, every backend's engine; are the rewards the same?
+
+Each backend evaluates the environment through the client its training would sample from: the
+transformers engine for ``grpo`` and ``trl`` (TRL's generation when ``use_vllm=False``), a Tinker
+sampling client for ``tinker`` (the local Tinker server unless ``tinker_base_url`` names another),
+and verl's server seam for ``verl`` (answered by the transformers engine where no GPU server runs).
+Rows, seeds and sampling are identical, so rollouts pair up one to one; ``report.md``/``report.html``
+give reward mean ± 95% CI per backend, a paired bootstrap CI of every pairwise difference with a
+verdict (same / differ), stop reasons, token drift and tokens/s, and ``results/`` holds every
+rollout as a ``datasets`` dataset. ``runs=[dir,...]`` adds the reward curves of finished training
+runs. ``backend_sampling.<backend>.<arg>=...`` changes one backend's sampling (e.g. temperature) on
+purpose, to see a difference the report should catch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridges.compare_report import (
+    BackendResult,
+    comparisons,
+    plot_curves,
+    plot_distributions,
+    tables,
+    write_reports,
+)
+from bridges.config import parse_config, run_cli
+from bridges.errors import ConfigError
+
+BACKENDS = ("grpo", "trl", "tinker", "verl")
+
+
+@dataclass
+class CompareConfig:
+    env: str = "reverse_text"
+    env_args: dict[str, Any] = field(default_factory=dict)
+    backends: list[str] = field(default_factory=lambda: ["grpo", "trl", "tinker"])
+    model: str = "tiny"
+    num_examples: int = 8
+    rollouts_per_example: int = 4
+    seed: int = 0
+    temperature: float = 1.0
+    max_tokens: int | None = None
+    backend_sampling: dict[str, Any] = field(default_factory=dict)  # per-backend overrides
+    tinker_base_url: str = "local"
+    runs: list[str] = field(default_factory=list)  # finished training runs whose curves to compare
+    bootstrap: int = 2000
+    output: str = "outputs/compare"
+    progress: bool = False
+
+
+def check(config: CompareConfig) -> None:
+    unknown = [b for b in config.backends if b not in BACKENDS]
+    if unknown:
+        raise ConfigError(f"unknown backend '{unknown[0]}' in backends; choose from {', '.join(BACKENDS)}.")
+    if not config.backends and not config.runs:
+        raise ConfigError("nothing to compare: give backends=[...] and/or runs=[dir,...].")
+    stray = sorted(set(config.backend_sampling) - set(config.backends))
+    if stray:
+        raise ConfigError(f"backend_sampling.{stray[0]} names a backend that is not in backends.")
+
+
+@contextlib.asynccontextmanager
+async def backend_client(name: str, config: CompareConfig, model_path: str) -> Any:
+    """An ``EngineClient`` over the engine ``name`` trains with (and the label of that engine)."""
+    from adapters.hf import HFEngine
+    from bridges.client import EngineClient
+
+    if name in ("grpo", "trl"):
+        engine = HFEngine.from_pretrained(model_path)
+        try:
+            yield EngineClient(engine, model_name=config.model), "hf"
+        finally:
+            await engine.aclose()
+    elif name == "verl":
+        from adapters.verl.engine import VerlServerEngine
+        from adapters.verl.local_server import HFServerManager
+
+        manager = HFServerManager(model_path)
+        base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        tokenizer = HFEngine.from_pretrained(model_path).tokenizer
+        engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
+        yield EngineClient(engine, model_name=config.model), "verl seam (hf stand-in)"
+    else:
+        client, label, close = await _tinker_client(config, model_path)
+        try:
+            yield client, label
+        finally:
+            close()
+
+
+async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, str, Any]:
+    import os
+
+    import tinker
+    from transformers import AutoTokenizer
+
+    from adapters.tinker.engine import TinkerEngine
+    from bridges.client import EngineClient
+
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    server, base_url, base_model = None, config.tinker_base_url, config.model
+    if base_url == "local":
+        from adapters.tinker.server import TinkerServerConfig, serve_in_thread
+
+        server = serve_in_thread(
+            TinkerServerConfig(
+                model=model_path, model_name=config.model, port=0, root=str(Path(config.output) / "tinker")
+            )
+        )
+        base_url = server.url
+        os.environ.setdefault("TINKER_API_KEY", "tml-local")
+    sampler = await tinker.ServiceClient(base_url=base_url).create_sampling_client(base_model=base_model)
+    engine = TinkerEngine(sampler, AutoTokenizer.from_pretrained(model_path))
+    label = "tinker (local server)" if server is not None else f"tinker ({base_url})"
+    return EngineClient(engine, model_name=config.model), label, (server.close if server else (lambda: None))
+
+
+async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_path: str) -> BackendResult:
+    from bridges.results import state_to_record
+
+    args: dict[str, Any] = {
+        **(env.sampling_args or {}),
+        "temperature": config.temperature,
+        "seed": config.seed,
+    }
+    if config.max_tokens is not None:
+        args["max_tokens"] = config.max_tokens
+    args.update(config.backend_sampling.get(name, {}))
+    async with backend_client(name, config, model_path) as (client, label):
+        started = time.perf_counter()
+        result = await env.evaluate(
+            client, config.model, num_examples=config.num_examples,
+            rollouts_per_example=config.rollouts_per_example, sampling_args=args, progress=config.progress,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+    states = result.states
+    rows = [{"backend": name, **state_to_record(s)} for s in states]
+    return BackendResult(
+        name=name,
+        engine=label,
+        rewards=[None if s.errored else s.reward for s in states],
+        stop_reasons=[s.stop_reason or "none" for s in states],
+        drift_tokens=[int(s.drift_tokens or 0) for s in states],
+        completion_tokens=sum(len(t.completion_ids) for s in states for t in s.turns),
+        seconds=seconds,
+        rows=rows,
+    )
+
+
+def read_curves(runs: list[str]) -> dict[str, list[tuple[int, float]]]:
+    curves = {}
+    for run in runs:
+        path = Path(run) / "metrics.jsonl"
+        if not path.exists():
+            raise ConfigError(
+                f"runs: '{run}' has no metrics.jsonl; point at a finished training run's folder."
+            )
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        curves[Path(run).name] = [
+            (r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None
+        ]
+    return curves
+
+
+def main(argv: list[str] | None = None) -> int:
+    from datasets import Dataset
+
+    from bridges.registry import load_environment
+    from bridges.tiny import resolve_model_path
+
+    config = parse_config(CompareConfig, sys.argv[1:] if argv is None else argv)
+    check(config)
+    output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    curves = read_curves(config.runs)
+    results: list[BackendResult] = []
+    if config.backends:
+        env = load_environment(config.env, **config.env_args)
+        model_path = str(resolve_model_path(config.model))
+        for name in config.backends:
+            print(f"evaluating {config.env} through {name} ...", flush=True)
+            results.append(asyncio.run(evaluate_backend(name, env, config, model_path)))
+    images, sections = [], {}
+    if results:
+        pairs = comparisons(results, config.bootstrap, config.seed)
+        sections = tables(results, pairs)
+        images.append(
+            plot_distributions(results, output / "rewards.png", f"{config.env} · {config.model}").name
+        )
+        Dataset.from_list([row for r in results for row in r.rows]).save_to_disk(str(output / "results"))
+        for p in pairs:
+            print(
+                f"{p['a']} vs {p['b']}: difference {p['diff']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] -> {p['verdict']}"
+            )
+    if curves:
+        images.append(plot_curves(curves, output / "curves.png").name)
+        sections["Training runs"] = [["run", "steps", "first reward", "last reward"]] + [
+            [name, str(len(points)), f"{points[0][1]:.4f}", f"{points[-1][1]:.4f}"]
+            for name, points in curves.items()
+            if points
+        ]
+    header = [
+        f"environment {config.env} {config.env_args or ''}, model {config.model}, {config.num_examples} examples x "
+        f"{config.rollouts_per_example} rollouts, seed {config.seed}, temperature {config.temperature}",
+        "Rollouts are paired across backends (same rows, same seeds); 'same' means the paired 95% bootstrap "
+        "interval of the mean reward difference contains 0.",
+    ]
+    md, page = write_reports(output, "rl-bridges backend comparison", header, sections, images)
+    print(f"report written to {md} and {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,110 @@
+"""``python -m bridges.compare``: paired rollouts across backends, a verdict, and the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridges.compare import main
+from bridges.compare_report import paired_bootstrap, verdict
+from bridges.config import run_cli
+
+ENVS = Path(__file__).parent / "envs"
+
+
+@pytest.fixture(autouse=True)
+def _envs_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ENVS))
+
+
+def run_compare(tmp_path: Path, *extra: str) -> str:
+    argv = [
+        "env=bridges_test_compare_env",
+        "model=tiny",
+        "num_examples=6",
+        "rollouts_per_example=4",
+        f"output={tmp_path}",
+    ]
+    assert main([*argv, *extra]) == 0
+    return (tmp_path / "report.md").read_text()
+
+
+def test_identical_engines_give_identical_paired_rewards_and_say_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    report = run_compare(tmp_path, "backends=[grpo,trl,verl]")
+    printed = capsys.readouterr().out
+    # the same rows and seeds through the same model: every rollout pair is identical
+    assert "grpo vs trl: difference +0.0000 [+0.0000, +0.0000] -> same" in printed
+    assert "grpo vs verl: difference +0.0000 [+0.0000, +0.0000] -> same" in printed
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(tmp_path / "results"))
+    assert len(rows) == 72 and set(rows["backend"]) == {"grpo", "trl", "verl"}
+    rewards = {b: [r["reward"] for r in rows if r["backend"] == b] for b in ("grpo", "trl", "verl")}
+    assert rewards["grpo"] == rewards["trl"] == rewards["verl"] and len(set(rewards["grpo"])) > 1
+    assert "| grpo − trl | 0.0000 | [0.0000, 0.0000] | 24 | same |" in report
+    assert (tmp_path / "rewards.png").stat().st_size > 1000 and "<table>" in (
+        tmp_path / "report.html"
+    ).read_text()
+
+
+def test_a_different_temperature_on_one_backend_says_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    report = run_compare(tmp_path, "backends=[grpo,trl]", "backend_sampling.trl.temperature=0.05")
+    assert "-> differ" in capsys.readouterr().out
+    assert "| differ |" in report
+
+
+def test_bootstrap_verdicts_on_known_differences():
+    same = paired_bootstrap([0.5, 0.7, 0.2, 0.9] * 10, [0.5, 0.7, 0.2, 0.9] * 10)
+    assert same[:3] == (0.0, 0.0, 0.0) and verdict(same[1], same[2]) == "same"
+    shifted = paired_bootstrap([0.6, 0.8, 0.3, 1.0] * 10, [0.5, 0.7, 0.2, 0.9] * 10)
+    assert shifted[0] == pytest.approx(0.1) and verdict(shifted[1], shifted[2]) == "differ"
+    noisy = paired_bootstrap([0.0, 1.0] * 20, [1.0, 0.0] * 20)  # mean difference 0, large spread
+    assert verdict(noisy[1], noisy[2]) == "same"
+    assert paired_bootstrap([None, 0.5], [0.1, None])[3] == 0  # errored rollouts leave no pair
+
+
+def test_finished_runs_add_their_reward_curves(tmp_path: Path):
+    for name, rewards in (("grpo-x", [0.1, 0.4, 0.8]), ("trl-x", [0.1, 0.3, 0.5])):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        lines = [json.dumps({"step": i + 1, "reward/mean": r}) for i, r in enumerate(rewards)]
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    runs = f"runs=[{tmp_path / 'runs' / 'grpo-x'},{tmp_path / 'runs' / 'trl-x'}]"
+    assert main(["backends=[]", runs, f"output={tmp_path / 'out'}"]) == 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| grpo-x | 3 | 0.1000 | 0.8000 |" in report and "| trl-x | 3 | 0.1000 | 0.5000 |" in report
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+
+
+def test_bad_input_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    for argv, message in [
+        (["backends=[grpo,mlx]"], "unknown backend 'mlx' in backends"),
+        (["backends=[grpo]", "backend_sampling.trl.temperature=0.5"], "backend_sampling.trl names a backend"),
+        (["backends=[]", f"runs=[{tmp_path}]"], "has no metrics.jsonl"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            run_cli(main, [*argv, f"output={tmp_path / 'o'}"])
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and err.startswith("error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_done_when_command_on_three_backends(tmp_path: Path):
+    command = [
+        sys.executable, "-m", "bridges.compare", "env=reverse_text", "backends=[grpo,trl,tinker]", "model=tiny",
+        "num_examples=8", f"output={tmp_path}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "report.md").read_text()
+    for backend in ("grpo", "trl", "tinker"):
+        assert f"| {backend} |" in report
+    assert "tinker (local server)" in report and (tmp_path / "rewards.png").exists()
