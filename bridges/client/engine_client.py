@@ -21,6 +21,7 @@ import contextvars
 import copy
 import itertools
 import json
+import math
 import secrets
 import time
 from collections.abc import Iterator
@@ -89,6 +90,16 @@ class _Deadline:
         if self.task is not None:
             self.expired = True
             self.task.cancel()
+
+
+def _logprobs_ok(sample: Sample) -> bool:
+    """One finite logprob per sampled id (a sum is the cheapest way to see a None or NaN among them)."""
+    if len(sample.logprobs) != len(sample.token_ids):
+        return False
+    try:
+        return math.isfinite(sum(sample.logprobs))
+    except TypeError:  # a None among them
+        return False
 
 
 class UnsupportedEndpointError(openai.OpenAIError):
@@ -347,6 +358,12 @@ class EngineClient(openai.AsyncOpenAI):
             if sample.finish_reason == "abort":
                 raise internal_error(
                     "the engine aborted the request (for example during a weight update).", path
+                )
+            if not _logprobs_ok(sample):
+                raise internal_error(
+                    f"the engine returned {len(sample.token_ids)} token ids with a missing, extra or non-finite "
+                    f"logprob (None/NaN/inf); such a sample cannot be trained on.",
+                    path,
                 )
         return samples
 

@@ -1,0 +1,56 @@
+"""An ``Engine`` that injects faults on a schedule, around a real ``HFEngine`` (fault-injection suite).
+
+``plan`` maps the index of a ``generate`` call (0, 1, 2, ... in arrival order) to a fault:
+``"transient"`` raises once (the environment retries), ``"permanent"`` raises on every retry of that
+rollout, ``"hang"`` never returns (the client's timeout must end it), ``"nan"``/``"none"`` return a
+sample whose logprobs contain NaN / None. Calls not in the plan go to the real engine. Faults keyed
+by prompt (``plan_prompts``) hit every call whose prompt contains a marker, so a permanent fault
+follows its rollout through retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from bridges.errors import EngineError
+from bridges.types import Sample, SamplingParams
+
+
+class FaultyEngine:
+    def __init__(self, inner: Any, plan: dict[int, str] | None = None, plan_prompts: dict[str, str] | None = None):
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+        self.name = "faulty"
+        self.plan = dict(plan or {})
+        self.plan_prompts = dict(plan_prompts or {})
+        self._calls = itertools.count()
+        self.injected: list[str] = []
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    def __getattr__(self, name: str) -> Any:  # update_weights, aclose, ... reach the real engine
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
+        fault = self.plan.pop(next(self._calls), None)
+        if fault is None and self.plan_prompts:
+            text = self.tokenizer.decode(prompt_ids)
+            fault = next((f for marker, f in self.plan_prompts.items() if marker in text), None)
+        if fault is None:
+            return await self.inner.generate(prompt_ids, params, n)
+        self.injected.append(fault)
+        if fault in ("transient", "permanent"):
+            raise EngineError(f"injected {fault} engine failure")
+        if fault == "hang":
+            await asyncio.Event().wait()  # never set: only the client's timeout ends this
+        samples = await self.inner.generate(prompt_ids, params, n)
+        bad = float("nan") if fault == "nan" else None
+        return [Sample(s.token_ids, [*s.logprobs[:-1], bad], s.finish_reason, s.weight_version) for s in samples]  # type: ignore[list-item]
