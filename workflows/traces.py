@@ -22,6 +22,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.provenance = dict(provenance)
+        _drop_partial_last_line(self.path)
         self._file = self.path.open("a")
 
     def write_group(self, group: Group, **extra: Any) -> int:
@@ -52,6 +53,19 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """A run killed mid-write leaves a cut last line; appending after it would glue the next record
+    onto it and corrupt both. The cut record was never finished, so it is dropped."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(-1, 2)
+        if fh.read(1) == b"\n":
+            return
+        data = fh.seek(0) or fh.read()
+        fh.truncate(data.rfind(b"\n") + 1)
 
 
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -10,7 +10,6 @@ verl trains on are exactly those.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
@@ -18,76 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from verl_harness import N, batch_of, compose, rows_of, run_worker
 
-from adapters.verl.launch import prepare
 from adapters.verl.local_server import HFServerManager as HFServerClient
-from bridges.config import parse_config
-from bridges.train_config import TrainConfig
 
-N = 2  # rollouts per prompt
 HERE = Path(__file__).parent
-
-
-def compose(tmp_path: Path, model: Path, kind: str, *extra: str) -> Any:
-    """verl's config tree, composed from exactly the overrides ``backend=verl`` would launch with."""
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config = parse_config(
-        TrainConfig,
-        [
-            "backend=verl", "env=bridges_test_verl_env", f"env_args.kind={kind}", f"model={model}",
-            f"output_dir={tmp_path}", "trainer.batch_size=2", f"trainer.group_size={N}",
-            "sampling.max_tokens=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
-        ],
-    )  # fmt: skip
-    command, files = prepare(config)
-    assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = hydra_compose(config_name="ppo_trainer", overrides=command[3:])
-    return cfg, files
-
-
-def batch_of(cfg: Any, files: dict[str, Path], tokenizer: Any, rows: int = 2) -> Any:
-    from verl.protocol import DataProto
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-
-    dataset = RLHFDataset(data_files=[str(files["train"])], tokenizer=tokenizer, config=cfg.data)
-    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(rows)]))
-    return batch.repeat(repeat_times=N, interleave=True)  # what verl's trainer does before generation
-
-
-def run_worker(cfg: Any, batch: Any, client: HFServerClient) -> Any:
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-
-    worker = AgentLoopWorker(cfg, llm_client=client, reward_loop_worker_handles=None)
-    return asyncio.run(worker.generate_sequences(batch))
-
-
-def rows_of(out: Any, cfg: Any) -> list[dict[str, Any]]:
-    """Per sample: prompt ids, response ids/mask/logprobs (unpadded), reward and our extra fields."""
-    prompt_len = cfg.actor_rollout_ref.rollout.prompt_length
-    rows = []
-    for i in range(len(out)):
-        attention = out.batch["attention_mask"][i]
-        p = int(attention[:prompt_len].sum())
-        r = int(attention[prompt_len:].sum())
-        rows.append(
-            {
-                "prompt": out.batch["prompts"][i, prompt_len - p :].tolist(),
-                "response": out.batch["responses"][i, :r].tolist(),
-                "mask": out.batch["response_mask"][i, :r].tolist(),
-                "logprobs": out.batch["rollout_log_probs"][i, :r].tolist(),
-                "reward": float(out.batch["rm_scores"][i].sum()),
-                "valid": bool(out.non_tensor_batch["bridges_valid"][i]),
-                "stop": out.non_tensor_batch["bridges_stop_reason"][i],
-                "error": out.non_tensor_batch["bridges_error"][i],
-                "metrics": json.loads(out.non_tensor_batch["bridges_metrics"][i]),
-            }
-        )
-    return rows
 
 
 def sampled_runs(row: dict[str, Any]) -> list[list[int]]:

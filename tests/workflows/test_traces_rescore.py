@@ -87,3 +87,11 @@ def test_missing_arguments_and_files_are_one_sentence(tmp_path: Path, capsys):
 def test_traces_are_json_lines(traces: Path):
     first = json.loads(traces.read_text().splitlines()[0])
     assert set(first) >= {"prompt", "completion", "answer", "reward", "stop_reason", "error", "provenance"}
+
+
+def test_a_writer_reopening_a_cut_file_drops_the_cut_line_instead_of_gluing_onto_it(traces: Path):
+    lines = traces.read_text().splitlines(keepends=True)
+    traces.write_text("".join(lines[:-1]) + lines[-1][:30])  # killed mid-write
+    TraceWriter(traces, PROVENANCE).close()
+    assert traces.read_text() == "".join(lines[:-1])
+    assert len(list(read_traces(traces))) == 11
