@@ -10,7 +10,8 @@ Every mutating call is a Tinker promise: the POST returns a ``request_id`` at on
 runs on one worker thread in arrival order (Tinker's per-client ordering); ``retrieve_future``
 waits for it. A failure is answered as a terminal ``{"error": ..., "category": "user"}``, which
 the SDK raises as ``RequestFailedError`` at once, never as an HTTP 500 it would retry for minutes.
-Loopback only, by default and by check, like ``bridges.serve``.
+Loopback by default; bound elsewhere it requires ``api_key`` (checked against the SDK's ``X-API-Key``
+header), like ``bridges.serve``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class TinkerServerConfig:
     port: int = 8000
     device: str = "cpu"
     root: str = "runs/tinker-server"  # where save_state / save_weights_for_sampler write
+    api_key: str | None = None  # required (X-API-Key, as the SDK sends TINKER_API_KEY) when set
     log_level: str = "warning"
 
 
@@ -218,8 +220,19 @@ class TinkerState:
         return forward_backward_output(logprobs, loss)
 
 
-def create_app(state: TinkerState) -> Any:
+def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     app = FastAPI(title="rl-bridges local Tinker server")
+
+    if api_key:
+        import hmac
+
+        @app.middleware("http")
+        async def require_key(request: Request, call_next: Any) -> Any:
+            given = request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(given.encode(), api_key.encode()):
+                message = "missing or wrong API key: send it as X-API-Key (TINKER_API_KEY for the SDK)."
+                return JSONResponse({"detail": message}, status_code=401)
+            return await call_next(request)
 
     def promise(request_id: str, **extra: Any) -> dict[str, Any]:
         return {"request_id": request_id, **extra}
@@ -370,10 +383,9 @@ def serve_in_thread(config: TinkerServerConfig) -> Any:
     """Start the server on a background thread (``port=0``: a free port); returns the ``ServerThread``."""
     from bridges.serve import ServerThread, check_bind
 
-    check_bind(config.host, None)
-    return ServerThread(
-        create_app(build_state(config)), host=config.host, port=config.port, log_level=config.log_level
-    )
+    check_bind(config.host, config.api_key)
+    app = create_app(build_state(config), config.api_key)
+    return ServerThread(app, host=config.host, port=config.port, log_level=config.log_level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,12 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     from bridges.serve import check_bind
 
     config = parse_config(TinkerServerConfig, sys.argv[1:] if argv is None else argv)
-    check_bind(config.host, None)
-    app = create_app(build_state(config))
+    check_bind(config.host, config.api_key)
+    app = create_app(build_state(config), config.api_key)
     print(
         f"local Tinker server for '{config.model_name or config.model}' on http://{config.host}:{config.port}"
     )
-    print(f"  TINKER_BASE_URL=http://{config.host}:{config.port} TINKER_API_KEY=tml-local")
+    print(
+        f"  TINKER_BASE_URL=http://{config.host}:{config.port} TINKER_API_KEY={config.api_key or 'tml-local'}"
+    )
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
     return 0
 

@@ -288,3 +288,35 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
     assert main([*common, "trainer.max_steps=42", "resume=true"]) == 0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 43))
+
+
+def test_the_server_requires_its_api_key_when_one_is_set_and_refuses_an_open_bind(
+    tiny_path: Path, tmp_path: Path
+):
+    import httpx
+    import tinker
+
+    from bridges.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match="refusing to serve on non-loopback host '0.0.0.0' without an api_key"
+    ):
+        serve_in_thread(TinkerServerConfig(model=str(tiny_path), host="0.0.0.0", port=0, root=str(tmp_path)))
+    thread = serve_in_thread(
+        TinkerServerConfig(
+            model=str(tiny_path), model_name="tiny", port=0, root=str(tmp_path), api_key="tml-secret"
+        )
+    )
+    try:
+        denied = httpx.post(f"{thread.url}/api/v1/create_session", json={}, timeout=10)
+        assert denied.status_code == 401 and "X-API-Key" in denied.json()["detail"]
+        allowed = httpx.post(
+            f"{thread.url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-secret"}, timeout=10
+        )
+        assert allowed.status_code == 200 and allowed.json()["session_id"]
+        sampler = tinker.ServiceClient(base_url=thread.url, api_key="tml-secret").create_sampling_client(
+            base_model="tiny"
+        )
+        assert sampler.compute_logprobs(tinker.types.ModelInput.from_ints([1, 2, 3])).result()[0] is None
+    finally:
+        thread.close()
