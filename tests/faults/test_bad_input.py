@@ -41,21 +41,24 @@ def test_train_cli_bad_input(argv, start, tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "runs").exists()  # nothing was started
 
 
+@pytest.mark.parametrize("extra", ["trl", "verl", "tinker"])
 def test_a_missing_extra_names_the_pip_command(
-    capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path: Path
+    extra, capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path: Path
 ):
     from bridges.train import main
 
-    monkeypatch.setitem(sys.modules, "trl", None)  # as on a machine without the [trl] extra
+    monkeypatch.setitem(sys.modules, extra, None)  # as on a machine without the extra
     monkeypatch.chdir(tmp_path)
+    argv = [f"backend={extra}", *(["tinker.base_url=local"] if extra == "tinker" else [])]
     with pytest.raises(SystemExit) as info:
-        run_cli(main, ["backend=trl"])
+        run_cli(main, argv)
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2
-    assert (
-        err
-        == "error: 'trl' is needed for backend=trl but is not installed; install it with pip install 'rl-bridges[trl]'."
+    assert err == (
+        f"error: '{extra}' is needed for backend={extra} but is not installed; "
+        f"install it with pip install 'rl-bridges[{extra}]'."
     )
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
