@@ -36,6 +36,7 @@ def run_bridges(args: argparse.Namespace, out: Path) -> tuple[float, list[float]
             f"output_dir={out}", "progress=false", f"seed={args.seed}", f"trainer.max_steps={args.steps}",
             f"trainer.batch_size={args.batch_size}", f"trainer.group_size={args.group_size}",
             f"trainer.learning_rate={args.lr}", "trainer.num_batches_ahead=1",
+            f"trainer.rollout_process={str(args.rollout_process).lower()}",
         ],
     )  # fmt: skip
     run(config)
@@ -88,6 +89,12 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rollout-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bridges.grpo rolls out in a child process (trainer.rollout_process)",
+    )
     args = parser.parse_args()
     samples = args.steps * args.batch_size * args.group_size
     tail = max(1, args.steps // 4)

@@ -41,6 +41,9 @@ class TrainerConfig:
     # asynchrony: generation of step k+1 overlaps training on step k
     num_batches_ahead: int = 1
     max_concurrent: int = 256  # rollouts in flight
+    rollout_process: bool = (
+        False  # hf engine: roll out in a child process, so generation really overlaps training
+    )
     # parameter-efficient training
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: int = 32

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from bridges.envs.base import Environment
+from bridges.envs.base import Environment, group_sampling_args
 from workflows.advantages import AdvantageMethod, build_group
 from workflows.samples import episode_from_state
 from workflows.types import Group
@@ -50,9 +50,16 @@ async def run_groups(
     model: str = "policy",
     advantage: AdvantageMethod = "grpo",
 ) -> list[Group]:
-    """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight)."""
+    """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight);
+    a ``seed`` is shifted per row (``group_sampling_args``), so no two groups share noise."""
     return list(
         await asyncio.gather(
-            *(run_group(env, row, client, n, sampling_args, model=model, advantage=advantage) for row in rows)
+            *(
+                run_group(
+                    env, row, client, n, group_sampling_args(sampling_args, row.get("example_id", j), n),
+                    model=model, advantage=advantage,
+                )
+                for j, row in enumerate(rows)
+            )
         )
-    )
+    )  # fmt: skip

@@ -48,6 +48,22 @@ def parse_info(info: Any) -> dict[str, Any]:
     raise ConfigError(f"a dataset row's 'info' must be a dict or a JSON string, got {type(info).__name__}.")
 
 
+def group_sampling_args(
+    sampling_args: dict[str, Any] | None, example_id: int, group_size: int
+) -> dict[str, Any] | None:
+    """The sampling arguments of one row's group: a ``seed`` moves by ``example_id * group_size``.
+
+    Without the shift every group of a batch would sample with the same seeds, so different prompts
+    would share one noise stream; with it every rollout of a batch has its own seed, and a row's
+    seeds do not depend on which other rows share the batch (a resumed evaluation regenerates the
+    same rollouts).
+    """
+    seed = (sampling_args or {}).get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return sampling_args
+    return {**sampling_args, "seed": seed + int(example_id) * group_size}  # type: ignore[dict-item]
+
+
 def build_prompt(
     row: dict[str, Any], system_prompt: str | None = None, few_shot: Messages | None = None
 ) -> list[dict[str, Any]]:
@@ -378,9 +394,8 @@ class Environment:
         results: list[list[State] | None] = [None] * len(row_list)
 
         async def one(i: int, row: dict[str, Any]) -> None:
-            states = await self.run_group(
-                row, client, model, rollouts_per_example, sampling_args, semaphore=sem
-            )
+            args = group_sampling_args(sampling_args, row["example_id"], rollouts_per_example)
+            states = await self.run_group(row, client, model, rollouts_per_example, args, semaphore=sem)
             results[i] = states
             if on_group is not None:
                 await maybe_await(on_group(states))

@@ -1,6 +1,7 @@
 """The bundled async GRPO trainer: ``python -m bridges.train backend=grpo`` (the default backend).
 
-Read top to bottom: setup, the data order, one training step, the async loop, the end of the run.
+Read top to bottom: setup, one training step, the async loop, the end of the run (the data order,
+sample selection and step metrics every backend shares live in ``workflows.batches``).
 
 Included
 - GRPO with group-relative advantages over the *valid* rollouts of each group (``grpo``:
@@ -11,6 +12,8 @@ Included
   training on step k, so samples are up to ``num_batches_ahead`` weight versions old.
 - Optional KL to a frozen reference model (``beta``, k3 estimator), gradient accumulation, max grad
   norm, linear warmup, full fine-tuning or peft LoRA.
+- Rollouts in the trainer's process, or (``rollout_process=true``) in a child process that takes
+  new weights through shared memory, so on a CPU generation overlaps training for real.
 - Failure isolation from ``workflows``: a failed rollout is a masked group member, a group with no
   reward variance or < 2 valid members contributes no gradient; both are counted.
 - Checkpoints (weights/adapter, optimizer, scheduler, step, data position, RNG) and exact resume;
@@ -210,8 +213,23 @@ async def _run(config: TrainConfig) -> int:
         state = load_checkpoint(resume_from, policy, optimizer, scheduler)
         print(f"resumed from {resume_from} (step {state.step}, data position {state.data_position})")
 
-    engine = make_engine(config, policy, tokenizer)
-    client = EngineClient(engine, model_name=config.model)
+    # Rollouts run here (engine + client on this event loop) or, with rollout_process=true, in a child
+    # process that owns its own copy of the weights (bridges/grpo/rollout_process.py).
+    worker = None
+    if t.rollout_process:
+        from bridges.grpo.rollout_process import ProcessRollouts
+
+        if config.engine not in ("auto", "hf") or (config.engine == "auto" and torch.cuda.is_available()):
+            from bridges.errors import ConfigError
+
+            raise ConfigError(
+                "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
+            )
+        worker = ProcessRollouts(config, policy)
+        engine = client = None
+    else:
+        engine = make_engine(config, policy, tokenizer)
+        client = EngineClient(engine, model_name=config.model)
     sampling_args: dict[str, Any] = {**(env.sampling_args or {})}
     if config.sampling.max_tokens is not None:
         sampling_args["max_tokens"] = config.sampling.max_tokens
@@ -239,7 +257,7 @@ async def _run(config: TrainConfig) -> int:
         run_dir / "traces.jsonl",
         {
             "backend": "grpo",
-            "engine": getattr(engine, "name", type(engine).__name__),
+            "engine": worker.name if worker is not None else getattr(engine, "name", type(engine).__name__),
             "model": config.model,
             "env_id": config.env,
             "env_args": config.env_args,
@@ -248,17 +266,22 @@ async def _run(config: TrainConfig) -> int:
         },
     )
 
-    def generate(step: int, position: int) -> asyncio.Task[list[Group]]:
+    def generate(step: int, position: int) -> asyncio.Future[list[Group]]:
         """Start generating the batch of ``step`` (rows from ``position``) with seeded sampling."""
         rows = rows_at(dataset, position, t.batch_size, config.seed)
         args = {**sampling_args, "seed": config.seed * 7919 + step}
+        if worker is not None:
+            return worker.start(rows, args)
         return asyncio.create_task(
             run_groups(env, rows, client, t.group_size, args, model=config.model, advantage=t.loss)
         )  # type: ignore[arg-type]
 
+    def weight_version() -> int:
+        return worker.weight_version if worker is not None else engine.weight_version
+
     # Async pipeline: batches for the next `num_batches_ahead` steps are already generating while we
     # train; each is tagged with its step so its seeds and data rows do not depend on timing.
-    pending: deque[tuple[int, asyncio.Task[list[Group]]]] = deque()
+    pending: deque[tuple[int, asyncio.Future[list[Group]]]] = deque()
     next_step, next_position = state.step, state.data_position
     progress = _progress_bar(config.progress, t.max_steps, state.step)
     started = time.perf_counter()
@@ -277,18 +300,18 @@ async def _run(config: TrainConfig) -> int:
             train_started = time.perf_counter()
             result = await asyncio.to_thread(train_step, ctx, samples)
             if samples:
-                await sync_weights(engine, policy)
+                await (worker.update_weights(policy) if worker is not None else sync_weights(engine, policy))
             train_s = time.perf_counter() - train_started
             state = TrainerState(step=state.step + 1, data_position=state.data_position + t.batch_size)
             row = {
                 "step": state.step,
-                **step_metrics(groups, stats, engine.weight_version),
+                **step_metrics(groups, stats, weight_version()),
                 **result,
                 "lr": scheduler.get_last_lr()[0],
                 "timing/wait_generation_s": waited,
                 "timing/train_s": train_s,
                 "timing/elapsed_s": time.perf_counter() - started,
-                "weight_version": engine.weight_version,
+                "weight_version": weight_version(),
             }
             logger.log(row)
             _report(progress, row)
@@ -310,7 +333,7 @@ async def _run(config: TrainConfig) -> int:
         logger.close()
         if progress is not None:
             progress.close()
-        await _close(engine)
+        await _close(worker if worker is not None else engine)
     curve = plot_reward_curve(
         logger.rows, run_dir / "reward_curve.png", f"{config.env} · {config.model} · grpo"
     )

@@ -122,3 +122,17 @@ def test_lora_trains_only_the_adapter_and_the_engine_samples_with_it(tmp_path, m
     for name, tensor in adapter.items():  # the engine samples with exactly the trained adapter
         served_tensor = served[name.replace(".weight", ".default.weight")]  # peft names the adapter "default"
         torch.testing.assert_close(served_tensor.detach(), tensor)
+
+
+def test_rollouts_in_a_child_process_train_with_the_synced_weights(tmp_path):
+    args = ["env=bridges_test_dense_env", "trainer.batch_size=4", "trainer.group_size=4"]
+    assert run(_config(tmp_path, *args, "trainer.max_steps=4", "trainer.rollout_process=true")) == 0
+    run_dir = tmp_path / "grpo-bridges_test_dense_env"
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["weight_version"] == 4
+    assert all(r["episodes/total"] == 16 and r["episodes/masked"] == 0 for r in rows)
+    traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
+    assert traces[0]["provenance"]["engine"] == "hf (rollout process)"
+    versions = {t["provenance"]["step"]: t["provenance"]["weight_version"] for t in traces}
+    # the child samples step 1 and 2 before any update (one batch ahead), then with synced weights
+    assert versions[1] == versions[2] == 0 and versions[3] >= 1 and versions[4] >= versions[3]
