@@ -267,27 +267,26 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
     from bridges.train import main
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    # a reward a random model already varies on (share of lowercase letters), so 20 steps show learning
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "grpo" / "envs"))
     common = [
-        "backend=tinker", "tinker.base_url=local", f"output_dir={tmp_path}", "trainer.batch_size=8",
-        "trainer.group_size=8", "trainer.learning_rate=1e-2",
+        "backend=tinker", "tinker.base_url=local", "env=bridges_test_dense_env", f"output_dir={tmp_path}",
+        "trainer.batch_size=8", "trainer.group_size=8", "trainer.learning_rate=1e-2", "run_name=tinker",
     ]  # fmt: skip
-    assert main([*common, "trainer.max_steps=40", "save_every=20"]) == 0
-    run_dir = tmp_path / "tinker-repeat_letter"
+    assert main([*common, "trainer.max_steps=20", "save_every=10"]) == 0
+    run_dir = tmp_path / "tinker"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]
-    assert [r["step"] for r in rows] == list(range(1, 41))
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    assert first < 0.05 and last > first + 0.05, (first, last)
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.7 and last > 0.9, (first, last)  # measured: 0.50 -> 1.00
     assert all(math.isfinite(r["loss"]) for r in rows)
-    assert (
-        sum(r["datums"] > 0 for r in rows) >= 30
-    )  # a step whose groups all lack reward variance trains nothing
     saved = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in saved] == [20, 40] and saved[-1]["data_position"] == 320
-    # a new server process has the files: resume continues from step 40
-    assert main([*common, "trainer.max_steps=42", "resume=true"]) == 0
+    assert [c["step"] for c in saved] == [10, 20] and saved[-1]["data_position"] == 160
+    # a new local server reads the saved files: resume continues from step 20
+    assert main([*common, "trainer.max_steps=22", "resume=true"]) == 0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 43))
+    assert [r["step"] for r in rows] == list(range(1, 23))
 
 
 def test_the_server_requires_its_api_key_when_one_is_set_and_refuses_an_open_bind(
