@@ -86,7 +86,9 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
 
         manager = HFServerManager(model_path)
         base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
-        tokenizer = HFEngine.from_pretrained(model_path).tokenizer
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
         engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
         yield EngineClient(engine, model_name=config.model), "verl seam (hf stand-in)"
     else:
