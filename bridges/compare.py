@@ -111,15 +111,10 @@ async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, s
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     server, base_url, base_model = None, config.tinker_base_url, config.model
     if base_url == "local":
-        from adapters.tinker.server import TinkerServerConfig, serve_in_thread
+        from adapters.tinker.server import start_local_server
 
-        server = serve_in_thread(
-            TinkerServerConfig(
-                model=model_path, model_name=config.model, port=0, root=str(Path(config.output) / "tinker")
-            )
-        )
+        server = start_local_server(model_path, Path(config.output) / "tinker", model_name=config.model)
         base_url = server.url
-        os.environ.setdefault("TINKER_API_KEY", "tml-local")
     sampler = await tinker.ServiceClient(base_url=base_url).create_sampling_client(base_model=base_model)
     engine = TinkerEngine(sampler, AutoTokenizer.from_pretrained(model_path))
     label = "tinker (local server)" if server is not None else f"tinker ({base_url})"

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridges.metrics import saved_figure
+
+FIGURE_SIZE = (6.4, 3.6)
+
 
 @dataclass
 class BackendResult:
@@ -87,44 +91,28 @@ def comparisons(results: list[BackendResult], iterations: int, seed: int) -> lis
 
 
 def plot_distributions(results: list[BackendResult], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
     data = [r.valid or [math.nan] for r in results]
-    ax.boxplot(data, showmeans=True)
-    ax.set_xticks(range(1, len(results) + 1), [r.name for r in results])
-    for i, values in enumerate(data, 1):
-        jitter = random.Random(i)
-        ax.scatter([i + jitter.uniform(-0.12, 0.12) for _ in values], values, s=8, alpha=0.4)
-    ax.set_ylabel("reward per rollout")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with saved_figure(path, FIGURE_SIZE) as ax:
+        ax.boxplot(data, showmeans=True)
+        ax.set_xticks(range(1, len(results) + 1), [r.name for r in results])
+        for i, values in enumerate(data, 1):
+            jitter = random.Random(i)
+            ax.scatter([i + jitter.uniform(-0.12, 0.12) for _ in values], values, s=8, alpha=0.4)
+        ax.set_ylabel("reward per rollout")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
     return path
 
 
 def plot_curves(runs: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
-    for name, points in runs.items():
-        steps, rewards = zip(*points, strict=True) if points else ((), ())
-        ax.plot(steps, rewards, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with saved_figure(path, FIGURE_SIZE) as ax:
+        for name, points in runs.items():
+            steps, rewards = zip(*points, strict=True) if points else ((), ())
+            ax.plot(steps, rewards, label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean reward")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
     return path
 
 

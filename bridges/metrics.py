@@ -6,9 +6,11 @@ of steps after the checkpoint are dropped, so a resumed run's file reads like on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,32 +56,53 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def plot_reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """A PNG of per-step mean reward with a moving average; None when there is nothing to plot."""
-    points = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
-    if not points:
+def reward_summary(rows: list[dict[str, Any]]) -> str | None:
+    """The one line every backend prints at the end of a run: mean reward of the first and last 5 steps."""
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    if not rewards:
         return None
+    head, tail = rewards[:5], rewards[-5:]
+    return (
+        f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
+        f"{sum(tail) / len(tail):.3f} over {len(rows)} steps"
+    )
+
+
+@contextlib.contextmanager
+def saved_figure(path: Path, size: tuple[float, float] = (6, 3.5)) -> Iterator[Any]:
+    """Axes to draw on; the figure is laid out, written to ``path`` (PNG, headless) and closed on exit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=size, dpi=110)
+    try:
+        yield ax
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+
+
+def plot_reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """A PNG of per-step mean reward with a moving average; None when there is nothing to plot."""
+    points = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
+    if not points:
+        return None
     steps, rewards = zip(*points, strict=True)
     window = max(1, len(rewards) // 10)
     smooth = [
         sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
         for i in range(len(rewards))
     ]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
-    ax.plot(steps, rewards, alpha=0.35, label="mean reward")
-    ax.plot(steps, smooth, linewidth=2, label=f"moving average ({window})")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_ylim(-0.02, 1.02 if max(rewards) <= 1 else None)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with saved_figure(path) as ax:
+        ax.plot(steps, rewards, alpha=0.35, label="mean reward")
+        ax.plot(steps, smooth, linewidth=2, label=f"moving average ({window})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward")
+        ax.set_ylim(-0.02, 1.02 if max(rewards) <= 1 else None)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
     return path

@@ -109,14 +109,11 @@ def run(config: TrainConfig) -> int:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     server = None
     if options.base_url == "local":
-        from adapters.tinker.server import TinkerServerConfig, serve_in_thread
+        from adapters.tinker.server import start_local_server
 
         run_dir = Path(config.output_dir) / config.resolved_run_name
-        server = serve_in_thread(
-            TinkerServerConfig(model=config.model, port=0, root=str(run_dir / "tinker-server"))
-        )
+        server = start_local_server(config.model, run_dir / "tinker-server")
         options.base_url = server.url
-        os.environ.setdefault("TINKER_API_KEY", "tml-local")
     try:
         return asyncio.run(_train(config, options))
     finally:
@@ -132,7 +129,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     from adapters.tinker.datums import sample_to_datum
     from adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
-    from bridges.metrics import MetricsLogger, plot_reward_curve
+    from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
     from workflows.batches import groups_to_samples, rows_at, step_metrics
@@ -239,11 +236,8 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         traces.close()
         logger.close()
     plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {base_model} · tinker")
-    rewards = [r["reward/mean"] for r in logger.rows if r.get("reward/mean") is not None]
-    if rewards:
-        head, tail = rewards[:5], rewards[-5:]
-        print(
-            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps {sum(tail) / len(tail):.3f}"
-        )
+    summary = reward_summary(logger.rows)
+    if summary:
+        print(summary)
     print(f"run written to {run_dir} (metrics.jsonl, traces.jsonl, checkpoints.jsonl, reward_curve.png)")
     return 0

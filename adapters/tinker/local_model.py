@@ -14,7 +14,7 @@ import copy
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,6 @@ class LoraPolicy:
     rank: int
     optimizer: torch.optim.Optimizer | None = None
     steps: int = 0
-    pending_backward: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def trainable(self) -> dict[str, torch.nn.Parameter]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -135,7 +133,6 @@ class LocalModel:
                 )
                 if not forward_only:
                     loss.backward()  # type: ignore[union-attr]
-                    policy.pending_backward = True
             outputs.extend(
                 logp_B_T[i, : len(d.tokens)].detach().float().cpu().tolist() for i, d in enumerate(chunk)
             )
@@ -175,7 +172,6 @@ class LocalModel:
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         policy.optimizer.step()
         policy.optimizer.zero_grad(set_to_none=True)
-        policy.pending_backward = False
         policy.steps += 1
         return {"optim/lr": lr, "optim/grad_norm": float(norm), "optim/step": float(policy.steps)}
 

@@ -147,12 +147,11 @@ class TinkerState:
         if path:
             model_id = path.removeprefix("tinker://").split("/", 1)[0]
             state = torch.load(self.file_for(path), weights_only=False)
-            self.samplers[sampler_id] = (model_id if model_id in self.policies else None, state["weights"])
             if model_id not in self.policies:  # weights from an earlier server run: give them a policy
                 self.policies[model_id] = self.model.new_policy(
                     state["rank"], train_attn=True, train_mlp=True, train_unembed=True, seed=None
                 )
-                self.samplers[sampler_id] = (model_id, state["weights"])
+            self.samplers[sampler_id] = (model_id, state["weights"])
         else:
             self.check_base(body.get("base_model"))
             self.samplers[sampler_id] = (None, None)
@@ -386,6 +385,17 @@ def serve_in_thread(config: TinkerServerConfig) -> Any:
     check_bind(config.host, config.api_key)
     app = create_app(build_state(config), config.api_key)
     return ServerThread(app, host=config.host, port=config.port, log_level=config.log_level)
+
+
+def start_local_server(model: str, root: str | Path, model_name: str | None = None) -> Any:
+    """The local server on a free loopback port for an in-process client, with the SDK pointed at no
+    key of its own (``tml-local``) and telemetry off; returns the ``ServerThread`` (``.url``, ``.close()``)."""
+    import os
+
+    server = serve_in_thread(TinkerServerConfig(model=model, model_name=model_name, port=0, root=str(root)))
+    os.environ.setdefault("TINKER_API_KEY", "tml-local")
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

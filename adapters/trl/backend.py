@@ -116,7 +116,7 @@ def run(config: TrainConfig) -> int:
     from trl import GRPOTrainer
 
     from adapters.trl import trl_trainer_kwargs
-    from bridges.metrics import MetricsLogger, plot_reward_curve
+    from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 
@@ -151,13 +151,9 @@ def run(config: TrainConfig) -> int:
     finally:
         logger.close()
     plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {config.model} · trl")
-    rewards = [r["reward/mean"] for r in logger.rows]
-    if rewards:
-        head, tail = rewards[:5], rewards[-5:]
-        print(
-            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
-            f"{sum(tail) / len(tail):.3f} over {len(rewards)} steps"
-        )
+    summary = reward_summary(logger.rows)
+    if summary:
+        print(summary)
     print(f"run written to {run_dir} (metrics.jsonl, reward_curve.png, TRL checkpoints)")
     return 0
 

@@ -52,14 +52,9 @@ def cached_environment(env_id: str, env_args: dict[str, Any] | None) -> Environm
 
 def _plain(value: Any) -> Any:
     """hydra hands YAML mappings over as ``DictConfig``; the environment wants plain dicts."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(value, DictConfig):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        pass
-    return value
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
 
 
 class BridgesAgentLoop(AgentLoopBase):

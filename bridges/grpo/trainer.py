@@ -44,7 +44,7 @@ import torch
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from bridges.metrics import MetricsLogger, plot_reward_curve
+from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
 from bridges.train_config import TrainConfig, lora_config
 from workflows.batches import groups_to_samples, rows_at, step_metrics
 from workflows.rollouts import run_groups
@@ -368,13 +368,9 @@ async def _close(engine: Any) -> None:
 
 
 def _print_summary(rows: list[dict[str, Any]], run_dir: Path, curve: Path | None) -> None:
-    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
-    if rewards:
-        head, tail = rewards[:5], rewards[-5:]
-        print(
-            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
-            f"{sum(tail) / len(tail):.3f} over {len(rows)} steps"
-        )
+    summary = reward_summary(rows)
+    if summary:
+        print(summary)
     print(
         f"run written to {run_dir} (metrics.jsonl, traces.jsonl, checkpoints/{', reward_curve.png' if curve else ''})"
     )
