@@ -56,16 +56,19 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def reward_summary(rows: list[dict[str, Any]]) -> str | None:
-    """The one line every backend prints at the end of a run: mean reward of the first and last 5 steps."""
+def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: list[str]) -> None:
+    """What every backend does when a run ends: the reward curve, then the first-vs-last reward line
+    and where the run's files are."""
+    curve = plot_reward_curve(rows, run_dir / "reward_curve.png", title)
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
-    if not rewards:
-        return None
-    head, tail = rewards[:5], rewards[-5:]
-    return (
-        f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
-        f"{sum(tail) / len(tail):.3f} over {len(rows)} steps"
-    )
+    if rewards:
+        head, tail = rewards[:5], rewards[-5:]
+        print(
+            f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
+            f"{sum(tail) / len(tail):.3f} over {len(rows)} steps"
+        )
+    files = [*written, *(["reward_curve.png"] if curve else [])]
+    print(f"run written to {run_dir} ({', '.join(files)})")
 
 
 @contextlib.contextmanager

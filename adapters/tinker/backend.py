@@ -129,7 +129,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     from adapters.tinker.datums import sample_to_datum
     from adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
-    from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
+    from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
     from workflows.batches import groups_to_samples, rows_at, step_metrics
@@ -235,9 +235,10 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         await asyncio.gather(*pending, return_exceptions=True)
         traces.close()
         logger.close()
-    plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {base_model} · tinker")
-    summary = reward_summary(logger.rows)
-    if summary:
-        print(summary)
-    print(f"run written to {run_dir} (metrics.jsonl, traces.jsonl, checkpoints.jsonl, reward_curve.png)")
+    finish_run(
+        logger.rows,
+        run_dir,
+        f"{config.env} · {base_model} · tinker",
+        ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"],
+    )
     return 0

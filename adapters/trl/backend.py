@@ -116,7 +116,7 @@ def run(config: TrainConfig) -> int:
     from trl import GRPOTrainer
 
     from adapters.trl import trl_trainer_kwargs
-    from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
+    from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 
@@ -150,11 +150,9 @@ def run(config: TrainConfig) -> int:
         trainer.train(resume_from_checkpoint=resume)
     finally:
         logger.close()
-    plot_reward_curve(logger.rows, run_dir / "reward_curve.png", f"{config.env} · {config.model} · trl")
-    summary = reward_summary(logger.rows)
-    if summary:
-        print(summary)
-    print(f"run written to {run_dir} (metrics.jsonl, reward_curve.png, TRL checkpoints)")
+    finish_run(
+        logger.rows, run_dir, f"{config.env} · {config.model} · trl", ["metrics.jsonl", "TRL checkpoints"]
+    )
     return 0
 
 

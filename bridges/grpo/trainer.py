@@ -44,7 +44,7 @@ import torch
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from bridges.metrics import MetricsLogger, plot_reward_curve, reward_summary
+from bridges.metrics import MetricsLogger, finish_run
 from bridges.train_config import TrainConfig, lora_config
 from workflows.batches import groups_to_samples, rows_at, step_metrics
 from workflows.rollouts import run_groups
@@ -334,10 +334,12 @@ async def _run(config: TrainConfig) -> int:
         if progress is not None:
             progress.close()
         await _close(worker if worker is not None else engine)
-    curve = plot_reward_curve(
-        logger.rows, run_dir / "reward_curve.png", f"{config.env} · {config.model} · grpo"
+    finish_run(
+        logger.rows,
+        run_dir,
+        f"{config.env} · {config.model} · grpo",
+        ["metrics.jsonl", "traces.jsonl", "checkpoints/"],
     )
-    _print_summary(logger.rows, run_dir, curve)
     return 0
 
 
@@ -365,12 +367,3 @@ async def _close(engine: Any) -> None:
     closer = getattr(engine, "aclose", None)
     if closer is not None:
         await closer()
-
-
-def _print_summary(rows: list[dict[str, Any]], run_dir: Path, curve: Path | None) -> None:
-    summary = reward_summary(rows)
-    if summary:
-        print(summary)
-    print(
-        f"run written to {run_dir} (metrics.jsonl, traces.jsonl, checkpoints/{', reward_curve.png' if curve else ''})"
-    )
