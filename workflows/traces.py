@@ -18,11 +18,16 @@ from workflows.types import Group
 
 
 class TraceWriter:
-    def __init__(self, path: str | Path, provenance: dict[str, Any]):
+    """Appends episodes; ``resume_step`` (a training run resumed from that step's checkpoint) first cuts
+    the file back to the lines of steps up to it, so the steps run again after a crash appear once."""
+
+    def __init__(self, path: str | Path, provenance: dict[str, Any], resume_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.provenance = dict(provenance)
         _drop_partial_last_line(self.path)
+        if resume_step is not None:
+            _keep_steps_up_to(self.path, resume_step)
         self._file = self.path.open("a")
 
     def write_group(self, group: Group, **extra: Any) -> int:
@@ -66,6 +71,24 @@ def _drop_partial_last_line(path: Path) -> None:
             return
         data = fh.seek(0) or fh.read()
         fh.truncate(data.rfind(b"\n") + 1)
+
+
+def _keep_steps_up_to(path: Path, step: int) -> None:
+    """Rewrite ``path`` without the lines of steps after ``step`` (written, then staged and renamed)."""
+    if not path.exists():
+        return
+    kept = []
+    with path.open() as fh:
+        for line in fh:
+            try:
+                line_step = (json.loads(line).get("provenance") or {}).get("step")
+            except (json.JSONDecodeError, AttributeError):
+                continue
+            if not isinstance(line_step, int) or line_step <= step:
+                kept.append(line)
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text("".join(kept))
+    staging.replace(path)
 
 
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:

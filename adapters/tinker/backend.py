@@ -173,6 +173,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         run_dir / "traces.jsonl",
         {"backend": "tinker", "engine": "tinker", "model": base_model, "env_id": config.env,
          "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed},
+        resume_step=step,
     )  # fmt: skip
     adam = types.AdamParams(
         learning_rate=t.learning_rate, beta1=0.9, beta2=options.adam_beta2, eps=options.adam_eps,

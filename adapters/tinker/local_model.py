@@ -77,6 +77,7 @@ class LocalModel:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         config = self.base.config
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
+        self.vocab_size = int(self.base.get_input_embeddings().num_embeddings)
         eos = self.tokenizer.eos_token_id
         self.eos_ids = {eos} if eos is not None else set()
 
@@ -170,10 +171,17 @@ class LocalModel:
             group.update(lr=lr, betas=betas, eps=eps, weight_decay=decay)
         clip = float(adam.get("grad_clip_norm", 0.0))
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
-        policy.optimizer.step()
+        skipped = not math.isfinite(float(norm))
+        if not skipped:  # a non-finite gradient would turn every weight into NaN for good
+            policy.optimizer.step()
+            policy.steps += 1
         policy.optimizer.zero_grad(set_to_none=True)
-        policy.steps += 1
-        return {"optim/lr": lr, "optim/grad_norm": float(norm), "optim/step": float(policy.steps)}
+        return {
+            "optim/lr": lr,
+            "optim/grad_norm": float(norm),
+            "optim/step": float(policy.steps),
+            "optim/skipped": float(skipped),
+        }
 
     # -- sampling ---------------------------------------------------------------------------------
     @torch.no_grad()

@@ -16,8 +16,13 @@ header), like ``bridges.serve``.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
+import json
+import math
+import re
+import shutil
 import sys
 import threading
 import uuid
@@ -32,9 +37,33 @@ from fastapi.responses import JSONResponse, Response
 
 from adapters.tinker.local_model import LocalModel, LoraPolicy
 from bridges.config import parse_config, run_cli
+from bridges.state_files import (
+    flatten_optimizer,
+    load_tensors,
+    save_tensors,
+    unflatten_optimizer,
+    verify_manifest,
+    write_manifest,
+)
 
 PROTOBUF = "application/x-protobuf"
 RETRIEVE_WAIT_S = 30.0  # under the SDK's 45 s poll timeout; it simply polls again
+SAVE_KINDS = ("weights", "sampler_weights")
+MAX_NUM_SAMPLES = 128  # per sample request
+MAX_LORA_RANK = 512
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# the SDK derives a training client's id as "<session_id>:train:<model_seq_id>" and so must we
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:train:[0-9]{1,9})?")
+
+
+def plain_name(value: Any, what: str) -> str:
+    """A client-given name that becomes one folder name: no separators, no '..', no leading dot."""
+    if not isinstance(value, str) or not _PLAIN_NAME.fullmatch(value):
+        raise ValueError(
+            f"{what} '{value!s:.80}' is refused: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit."
+        )
+    return value
 
 
 @dataclass
@@ -56,7 +85,9 @@ class TinkerState:
         self.model = model
         self.model_name = model_name
         self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.policies: dict[str, LoraPolicy] = {}
+        self.sessions: set[str] = set()
         self.samplers: dict[str, tuple[str | None, dict[str, torch.Tensor] | None]] = {}
         self.futures: dict[str, concurrent.futures.Future[Any]] = {}
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-model")
@@ -72,61 +103,115 @@ class TinkerState:
         self.futures[request_id] = self.worker.submit(work, *args)
         return request_id
 
-    # -- paths: tinker://<model_id>/<kind>/<name> <-> <root>/<model_id>/<kind>/<name>.pt
-    def file_for(self, path: str) -> Path:
-        if not path.startswith("tinker://"):
-            raise ValueError(f"'{path}' is not a tinker:// path.")
-        return self.root / (path.removeprefix("tinker://").replace(":", "_") + ".pt")
+    # -- paths: tinker://<model_id>/<kind>/<name> <-> <root>/<model_id>/<kind>/<name>/ (a save folder)
+    def folder_for(self, path: str) -> Path:
+        """The save folder of a tinker:// path; every part is a plain name and the result stays in root."""
+        if not isinstance(path, str) or not path.startswith("tinker://"):
+            raise ValueError(f"'{path!s:.120}' is not a tinker://<model_id>/<kind>/<name> path.")
+        parts = path.removeprefix("tinker://").split("/")
+        if len(parts) != 3 or parts[1] not in SAVE_KINDS:
+            raise ValueError(
+                f"'{path:.120}' is not a tinker://<model_id>/<kind>/<name> path with kind "
+                f"{' or '.join(SAVE_KINDS)}."
+            )
+        model_id, kind, name = parts
+        if not _MODEL_ID.fullmatch(model_id):
+            raise ValueError(f"'{path:.120}' does not name a training client this server could have made.")
+        return self._confined(model_id, kind, plain_name(name, "the save name"))
+
+    def _confined(self, *parts: str) -> Path:
+        root = self.root.resolve()
+        folder = root.joinpath(*parts).resolve()
+        if not folder.is_relative_to(root) or folder == root:
+            raise ValueError("that path leaves this server's storage folder; it is refused.")
+        return folder
+
+    def model_id_for(self, body: dict[str, Any]) -> str:
+        """The id the SDK expects (``<session_id>:train:<model_seq_id>``), built only from a session id
+        this server issued and an integer, since the id becomes a folder name."""
+        session_id, seq = body.get("session_id"), body.get("model_seq_id")
+        if session_id is None:
+            return self.new_id("model")
+        if session_id not in self.sessions:
+            raise ValueError(f"unknown session '{session_id!s:.80}'; create a session on this server first.")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 10**9:
+            raise ValueError(f"model_seq_id must be a non-negative integer, got {seq!r:.40}.")
+        return f"{session_id}:train:{seq}"
 
     def policy(self, model_id: str) -> LoraPolicy:
-        if model_id not in self.policies:
-            raise ValueError(f"no training client '{model_id}' on this server.")
+        if not isinstance(model_id, str) or model_id not in self.policies:
+            raise ValueError(f"no training client '{model_id!s:.80}' on this server.")
         return self.policies[model_id]
 
     def check_base(self, base_model: str | None) -> None:
         if base_model and base_model != self.model_name:
-            raise ValueError(f"this server serves '{self.model_name}', not '{base_model}'.")
+            raise ValueError(f"this server serves '{self.model_name}', not '{base_model!s:.80}'.")
 
     # -- work (runs on the model thread) ----------------------------------------------------------
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
         self.check_base(body.get("base_model"))
         lora = body.get("lora_config") or {}
+        rank = lora.get("rank", 32)
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_LORA_RANK:
+            raise ValueError(
+                f"lora_config.rank must be an integer from 1 to {MAX_LORA_RANK}, got {rank!r:.40}."
+            )
         policy = self.model.new_policy(
-            int(lora.get("rank", 32)),
+            rank,
             train_attn=bool(lora.get("train_attn", True)),
             train_mlp=bool(lora.get("train_mlp", True)),
             train_unembed=bool(lora.get("train_unembed", True)),
             seed=lora.get("seed"),
         )
-        model_id = f"{body.get('session_id', 'local')}:train:{body.get('model_seq_id', len(self.policies))}"
+        model_id = self.model_id_for(body)
         self.policies[model_id] = policy
         return {"type": "create_model", "model_id": model_id}
 
     def save(self, model_id: str, path: str, with_optimizer: bool) -> dict[str, Any]:
+        """Weights (safetensors), optimizer tensors (safetensors) and the rest (JSON), staged then renamed."""
         policy = self.policy(model_id)
-        file = self.file_for(path)
-        file.parent.mkdir(parents=True, exist_ok=True)
-        state = {"weights": policy.snapshot(), "rank": policy.rank, "steps": policy.steps}
+        folder = self.folder_for(path)
+        staging = folder.with_name(f".tmp-{folder.name}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        save_tensors(staging / "weights.safetensors", policy.snapshot())
+        meta: dict[str, Any] = {"rank": policy.rank, "steps": policy.steps}
         if with_optimizer and policy.optimizer is not None:
-            state["optimizer"] = policy.optimizer.state_dict()
-        torch.save(state, file)
+            tensors, meta["optimizer"] = flatten_optimizer(policy.optimizer.state_dict())
+            save_tensors(staging / "optimizer.safetensors", tensors)
+        (staging / "meta.json").write_text(json.dumps(meta))
+        write_manifest(staging)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
         return {"path": path}
 
+    def read_save(self, path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path]:
+        """(meta, weights, folder) of a save, after checking its manifest; never unpickles anything."""
+        folder = self.folder_for(path)
+        if not folder.is_dir():
+            raise ValueError(f"no saved weights at '{path}'.")
+        problem = verify_manifest(folder)
+        if problem is not None:
+            raise ValueError(f"the save at '{path}' is damaged: {problem}.")
+        return (
+            json.loads((folder / "meta.json").read_text()),
+            load_tensors(folder / "weights.safetensors"),
+            folder,
+        )
+
     def load(self, body: dict[str, Any]) -> dict[str, Any]:
-        file = self.file_for(body["path"])
-        if not file.exists():
-            raise ValueError(f"no saved weights at '{body['path']}'.")
-        state = torch.load(file, weights_only=False)
+        meta, weights, folder = self.read_save(body.get("path"))  # type: ignore[arg-type]
         model_id = body.get("model_id")
         if model_id is None or model_id not in self.policies:  # load into a new training client
-            created = self.create_model({**body, "lora_config": {"rank": state["rank"]}})
+            created = self.create_model({**body, "lora_config": {"rank": int(meta["rank"])}})
             model_id = created["model_id"]
         policy = self.policy(model_id)
-        policy.load(state["weights"])
-        policy.steps = int(state.get("steps", 0))
-        if body.get("optimizer") and "optimizer" in state:
+        policy.load(weights)
+        policy.steps = int(meta.get("steps", 0))
+        if body.get("optimizer") and "optimizer" in meta:
             policy.optimizer = torch.optim.AdamW(list(policy.trainable().values()))
-            policy.optimizer.load_state_dict(state["optimizer"])
+            tensors = load_tensors(folder / "optimizer.safetensors")
+            policy.optimizer.load_state_dict(unflatten_optimizer(tensors, meta["optimizer"]))
         return {"type": "load_weights", "path": body["path"], "model_id": model_id}
 
     def sampler_weights(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +221,7 @@ class TinkerState:
             sampler_id = self.new_id("sampler")
             self.samplers[sampler_id] = (model_id, policy.snapshot())
             return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
-        path = f"tinker://{model_id}/sampler_weights/{body['path']}"
+        path = f"tinker://{model_id}/sampler_weights/{plain_name(body['path'], 'path')}"
         self.save(model_id, path, with_optimizer=False)
         return {"type": "save_weights_for_sampler", "path": path}
 
@@ -145,13 +230,13 @@ class TinkerState:
         path = body.get("model_path")
         sampler_id = self.new_id("sampler")
         if path:
-            model_id = path.removeprefix("tinker://").split("/", 1)[0]
-            state = torch.load(self.file_for(path), weights_only=False)
+            meta, weights, folder = self.read_save(path)
+            model_id = folder.parent.parent.name
             if model_id not in self.policies:  # weights from an earlier server run: give them a policy
                 self.policies[model_id] = self.model.new_policy(
-                    state["rank"], train_attn=True, train_mlp=True, train_unembed=True, seed=None
+                    int(meta["rank"]), train_attn=True, train_mlp=True, train_unembed=True, seed=None
                 )
-            self.samplers[sampler_id] = (model_id, state["weights"])
+            self.samplers[sampler_id] = (model_id, weights)
         else:
             self.check_base(body.get("base_model"))
             self.samplers[sampler_id] = (None, None)
@@ -211,12 +296,72 @@ class TinkerState:
     def forward_backward(self, raw: bytes) -> bytes:
         from adapters.tinker.wire import forward_backward_output, parse_forward_backward
 
-        fields, data = parse_forward_backward(raw)
+        fields, data = parse_forward_backward(raw, self.model.vocab_size)
         policy = self.policy(fields["model_id"])
         logprobs, loss = self.model.forward_backward(
             policy, data, fields["loss_fn"], fields["loss_fn_config"], fields["forward_only"]
         )
         return forward_backward_output(logprobs, loss)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ValueError("the request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object.")
+    return body
+
+
+def _finite_number(value: Any, name: str, *, minimum: float | None = None, above: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r:.40}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r:.40}.")
+    if above is not None and value <= above:
+        raise ValueError(f"{name} must be greater than {above}, got {value!r:.40}.")
+    return float(value)
+
+
+def check_sample_request(body: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """Refuse a sample request the model cannot serve, in one sentence, before it is queued."""
+    n = body.get("num_samples", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NUM_SAMPLES:
+        raise ValueError(f"num_samples must be an integer from 1 to {MAX_NUM_SAMPLES}, got {n!r:.40}.")
+    params = body.get("sampling_params")
+    if not isinstance(params, dict):
+        raise ValueError("sampling_params must be an object.")
+    # 0 is greedy decoding, which the local sampler implements; below 0 has no meaning
+    _finite_number(params.get("temperature", 1.0), "sampling_params.temperature", minimum=0.0)
+    top_p = _finite_number(params.get("top_p", 1.0), "sampling_params.top_p", above=0.0)
+    if top_p > 1:
+        raise ValueError(f"sampling_params.top_p must be at most 1, got {top_p}.")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise ValueError(f"sampling_params.max_tokens must be a positive integer, got {max_tokens!r:.40}.")
+    prompt = body.get("prompt")
+    chunks = prompt.get("chunks") if isinstance(prompt, dict) else None
+    if not isinstance(chunks, list) or not all(isinstance(c, dict) for c in chunks):
+        raise ValueError("prompt must be an object with a list of chunks.")
+    for chunk in chunks:
+        tokens = chunk.get("tokens", [])
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in tokens
+        ):
+            raise ValueError(f"every prompt token must be an integer id from 0 to {vocab_size - 1}.")
+    return body
+
+
+def check_adam(adam: Any) -> dict[str, Any]:
+    if not isinstance(adam, dict):
+        raise ValueError("adam_params must be an object.")
+    for key, value in adam.items():
+        if key in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
+            _finite_number(value, f"adam_params.{key}")
+    return adam
 
 
 def create_app(state: TinkerState, api_key: str | None = None) -> Any:
@@ -254,11 +399,13 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
 
     @app.post("/api/v1/telemetry")
     async def telemetry() -> dict[str, Any]:
-        return {}
+        return {"status": "accepted"}  # the SDK validates this shape (TelemetryResponse)
 
     @app.post("/api/v1/create_session")
     async def create_session() -> dict[str, Any]:
-        return {"type": "create_session", "session_id": state.new_id("session")}
+        session_id = state.new_id("session")
+        state.sessions.add(session_id)
+        return {"type": "create_session", "session_id": session_id}
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat() -> dict[str, Any]:
@@ -275,12 +422,12 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
 
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
-        return promise(state.submit(state.create_model, await request.json()))
+        return promise(state.submit(state.create_model, await json_body(request)))
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        policy = state.policy(body["model_id"])
+        body = await json_body(request)
+        policy = state.policy(body.get("model_id"))  # type: ignore[arg-type]
         data = {
             "model_name": state.model_name,
             "tokenizer_id": state.model.path,
@@ -303,37 +450,38 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        adam = body.get("adam_params") or body.get("optim_params") or {}
+        body = await json_body(request)
+        adam = check_adam(body.get("adam_params") or body.get("optim_params") or {})
 
         def work() -> dict[str, Any]:
             return {
                 "type": "optim_step",
-                "metrics": state.model.optim_step(state.policy(body["model_id"]), adam),
+                "metrics": state.model.optim_step(state.policy(body.get("model_id")), adam),  # type: ignore[arg-type]
             }
 
         return promise(state.submit(work))
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        path = f"tinker://{body['model_id']}/weights/{body.get('path') or state.new_id('state')}"
-        return promise(
-            state.submit(lambda: {"type": "save_weights", **state.save(body["model_id"], path, True)})
-        )
+        body = await json_body(request)
+        model_id = body.get("model_id")
+        state.policy(model_id)  # type: ignore[arg-type]
+        name = plain_name(body.get("path") or state.new_id("state"), "path")
+        path = f"tinker://{model_id}/weights/{name}"
+        return promise(state.submit(lambda: {"type": "save_weights", **state.save(model_id, path, True)}))
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
-        return promise(state.submit(state.load, await request.json()))
+        return promise(state.submit(state.load, await json_body(request)))
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
-        return promise(state.submit(state.sampler_weights, await request.json()))
+        return promise(state.submit(state.sampler_weights, await json_body(request)))
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        sampler_id = state.worker.submit(state.open_sampler, body).result()
+        body = await json_body(request)
+        sampler_id = await asyncio.wrap_future(state.worker.submit(state.open_sampler, body))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
     @app.get("/api/v1/samplers/{sampler_id}")
@@ -342,25 +490,27 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
 
     @app.post("/api/v1/asample")
     async def asample(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        ids = [state.new_id("seq") for _ in range(int(body.get("num_samples", 1)))]
+        body = check_sample_request(await json_body(request), state.model.vocab_size)
+        ids = [state.new_id("seq") for _ in range(body.get("num_samples", 1))]
         return promise(state.submit_sample(body), sample_sequence_ids=ids)
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Any:
-        import asyncio
-
-        body = await request.json()
-        future = state.futures.get(body["request_id"])
+        body = await json_body(request)
+        request_id = body.get("request_id")
+        future = state.futures.get(request_id) if isinstance(request_id, str) else None
         if future is None:
             return JSONResponse({"detail": "unknown request_id"}, status_code=410)
-        try:
-            result = await asyncio.wait_for(asyncio.wrap_future(future), RETRIEVE_WAIT_S)
-        except TimeoutError:
+        # Wait without ever cancelling the job: asyncio.wait leaves the future alone on a timeout
+        # (wait_for would cancel it, and a still-queued optim_step would be lost for good).
+        await asyncio.wait([asyncio.wrap_future(future)], timeout=RETRIEVE_WAIT_S)
+        if not future.done():
             return {"type": "try_again"}
-        except Exception as exc:  # the work failed: terminal, reported by the SDK as RequestFailedError
+        state.futures.pop(request_id, None)
+        try:
+            result = future.result()
+        except BaseException as exc:  # the work failed (or was cancelled): terminal, RequestFailedError
             return {"error": " ".join(str(exc).split()) or type(exc).__name__, "category": "user"}
-        state.futures.pop(body["request_id"], None)
         if isinstance(result, bytes):
             return Response(content=result, media_type=PROTOBUF)
         return result

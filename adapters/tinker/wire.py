@@ -7,6 +7,7 @@ SDK (``tinker.proto.tinker_public_pb2``), so the server reuses it rather than a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,12 @@ import torch
 from adapters.tinker.local_model import SampledSequence, TrainDatum
 
 
-def parse_forward_backward(body: bytes) -> tuple[dict[str, Any], list[TrainDatum]]:
-    """Request fields (model_id, seq_id, loss_fn, loss_fn_config, forward_only) and the datums."""
+def parse_forward_backward(body: bytes, vocab_size: int) -> tuple[dict[str, Any], list[TrainDatum]]:
+    """Request fields (model_id, seq_id, loss_fn, loss_fn_config, forward_only) and the datums.
+
+    Token ids outside the vocabulary and non-finite loss inputs (advantages, logprobs) are refused
+    in one sentence: one NaN advantage would make every weight NaN at the next optim_step.
+    """
     from tinker.proto import tinker_public_pb2 as pb
     from tinker.proto.response_conv import _tensor_data_from_proto
 
@@ -34,9 +39,18 @@ def parse_forward_backward(body: bytes) -> tuple[dict[str, Any], list[TrainDatum
         for name, tensor in datum.loss_fn_inputs.items():
             array = _tensor_data_from_proto(tensor).to_numpy()
             inputs[name] = torch.from_numpy(np.ascontiguousarray(array)).reshape(-1)
+            if inputs[name].is_floating_point() and not bool(torch.isfinite(inputs[name]).all()):
+                raise ValueError(f"datum {len(data)}'s loss_fn_input '{name}' holds a NaN or infinite value.")
         if "target_tokens" not in inputs or len(inputs["target_tokens"]) != len(tokens):
             raise ValueError("every datum needs target_tokens with one entry per model_input token.")
+        ids = [*tokens, *inputs["target_tokens"].long().tolist()]
+        if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+            raise ValueError(
+                f"datum {len(data)} has a token id outside the vocabulary (0..{vocab_size - 1})."
+            )
         data.append(TrainDatum(tokens, inputs))
+    if not all(math.isfinite(v) for v in request.loss_fn_config.values()):
+        raise ValueError("loss_fn_config holds a NaN or infinite value.")
     fields = {
         "model_id": request.model_id,
         "seq_id": request.seq_id,

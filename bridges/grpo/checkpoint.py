@@ -1,15 +1,16 @@
-"""Checkpoints that make ``resume=true`` continue exactly where a run stopped.
+"""Checkpoints that make ``resume=true`` continue exactly where a run stopped, and never run code.
 
 A checkpoint holds everything the next step depends on: weights (or the LoRA adapter), optimizer
-and scheduler state, the step, the data position and every RNG. It is written to a temporary
-folder and renamed into place, so a run killed mid-save never leaves a half checkpoint that a
-resume would trust.
+and scheduler state, the step, the data position and every RNG. Tensors are safetensors and the
+rest JSON (``bridges.state_files``): a checkpoint folder someone hands you cannot execute anything
+when resumed. It is written to a staging folder with a manifest (sizes, sha256) written last, then
+renamed into place; resume verifies the manifest and falls back to the newest intact checkpoint,
+so a save cut by a crash or a full disk costs the steps since the one before, not the run.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,22 +18,26 @@ from typing import Any
 
 import torch
 
+from bridges.state_files import (
+    flatten_optimizer,
+    load_tensors,
+    rng_state,
+    save_tensors,
+    set_rng_state,
+    unflatten_optimizer,
+    verify_manifest,
+    write_manifest,
+)
+
 _PREFIX = "step_"
+TRAINER_TENSORS = "trainer.safetensors"
+TRAINER_META = "trainer.json"
 
 
 @dataclass
 class TrainerState:
     step: int = 0  # optimizer steps completed
     data_position: int = 0  # rows consumed from the (seeded, reshuffled per epoch) training order
-
-
-def _rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
 
 
 def save_checkpoint(
@@ -44,8 +49,9 @@ def save_checkpoint(
     keep: int = 2,
     tokenizer: Any = None,
 ) -> Path:
-    """Write a checkpoint atomically (staging folder, then rename); ``model/`` loads with from_pretrained
-    on its own (the tokenizer is saved beside the weights), so any checkpoint is also a usable model."""
+    """Write a checkpoint atomically (staging folder, manifest last, then rename); ``model/`` loads with
+    from_pretrained on its own (the tokenizer is saved beside the weights), so any checkpoint is also a
+    usable model."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{_PREFIX}{state.step:06d}"
     staging = directory / f".tmp-{final.name}"
@@ -54,11 +60,13 @@ def save_checkpoint(
     model.save_pretrained(staging / "model")
     if tokenizer is not None:
         tokenizer.save_pretrained(staging / "model")
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state()},
-        staging / "trainer.pt",
-    )
+    optim_tensors, optim_meta = flatten_optimizer(optimizer.state_dict())
+    rng_tensors, rng_meta = rng_state()
+    save_tensors(staging / TRAINER_TENSORS, {**optim_tensors, **rng_tensors})
+    meta = {"optimizer": optim_meta, "scheduler": scheduler.state_dict(), "rng": rng_meta}
+    (staging / TRAINER_META).write_text(json.dumps(meta))
     (staging / "state.json").write_text(json.dumps(asdict(state)))
+    write_manifest(staging)
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
@@ -77,18 +85,33 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def intact_checkpoints(directory: Path) -> tuple[list[Path], list[str]]:
+    """Checkpoints whose manifest verifies, newest first, and one sentence per damaged one skipped."""
+    intact, damaged = [], []
+    for path in reversed(list_checkpoints(directory)):
+        problem = verify_manifest(path)
+        if problem is None:
+            intact.append(path)
+        else:
+            damaged.append(f"checkpoint {path.name} is damaged ({problem})")
+    return intact, damaged
+
+
+def is_adapter_checkpoint(path: Path) -> bool:
+    """Whether the checkpoint holds a LoRA adapter (peft's adapter_config.json) rather than full weights."""
+    return (path / "model" / "adapter_config.json").exists()
+
+
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> TrainerState:
     """Restore weights, optimizer, scheduler and RNG in place; return the trainer state."""
-    from safetensors.torch import load_file
-
     weights = sorted((path / "model").glob("*.safetensors"))
     if not weights:
         raise FileNotFoundError(f"checkpoint {path} has no weights under model/; it cannot be resumed.")
     state_dict: dict[str, torch.Tensor] = {}
     for file in weights:
-        state_dict.update(load_file(str(file)))
+        state_dict.update(load_tensors(file))
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
 
@@ -100,8 +123,35 @@ def load_checkpoint(
             raise RuntimeError(
                 f"checkpoint {path} does not match the model (missing {missing}, unexpected {unexpected})."
             )
-    blob = torch.load(path / "trainer.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
-    _set_rng_state(blob["rng"])
+    tensors = load_tensors(path / TRAINER_TENSORS)
+    meta = json.loads((path / TRAINER_META).read_text())
+    optimizer.load_state_dict(unflatten_optimizer(tensors, meta["optimizer"]))
+    scheduler.load_state_dict(meta["scheduler"])
+    set_rng_state(tensors, meta["rng"])
     return TrainerState(**json.loads((path / "state.json").read_text()))
+
+
+def resume_latest_intact(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[TrainerState, Path] | None:
+    """Load the newest checkpoint that verifies and loads, saying which damaged ones were skipped;
+    None when there is no checkpoint at all. Every checkpoint damaged is one sentence (ConfigError)."""
+    from bridges.asyncutils import describe_exception
+    from bridges.errors import ConfigError
+
+    if not list_checkpoints(directory):
+        return None
+    intact, damaged = intact_checkpoints(directory)
+    for note in damaged:
+        print(f"{note}; skipping it.")
+    for path in intact:
+        try:
+            return load_checkpoint(path, model, optimizer, scheduler), path
+        except Exception as exc:  # verified bytes that still do not load: try the one before
+            note = f"checkpoint {path.name} could not be loaded ({describe_exception(exc)})"
+            damaged.append(note)
+            print(f"{note}; skipping it.")
+    raise ConfigError(
+        f"resume=true but no checkpoint in {directory} is intact ({'; '.join(damaged)}); "
+        "pass overwrite=true to start the run again."
+    )

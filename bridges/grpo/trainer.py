@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from bridges.grpo.batching import collate
-from bridges.grpo.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.metrics import MetricsLogger, finish_run
 from bridges.train_config import TrainConfig, lora_config
@@ -206,11 +206,11 @@ async def _run(config: TrainConfig) -> int:
     )
 
     state = TrainerState()
-    resume_from = latest_checkpoint(ckpt_dir) if config.resume else None
-    if config.resume and resume_from is None:
+    resumed = resume_latest_intact(ckpt_dir, policy, optimizer, scheduler) if config.resume else None
+    if config.resume and resumed is None:
         print(f"resume=true but {ckpt_dir} has no checkpoint; starting from step 0.")
-    if resume_from is not None:
-        state = load_checkpoint(resume_from, policy, optimizer, scheduler)
+    if resumed is not None:
+        state, resume_from = resumed
         print(f"resumed from {resume_from} (step {state.step}, data position {state.data_position})")
 
     # Rollouts run here (engine + client on this event loop) or, with rollout_process=true, in a child
@@ -264,6 +264,7 @@ async def _run(config: TrainConfig) -> int:
             "sampling_args": sampling_args,
             "seed": config.seed,
         },
+        resume_step=state.step,
     )
 
     def generate(step: int, position: int) -> asyncio.Future[list[Group]]:

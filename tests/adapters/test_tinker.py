@@ -48,12 +48,11 @@ def service(server: Any) -> Any:
     return tinker.ServiceClient()
 
 
-def peft_copy(tiny_path: Path, state_file: Path) -> Any:
+def peft_copy(tiny_path: Path, state: dict[str, Any]) -> Any:
     """The tiny model with the saved LoRA tensors, built independently of the server."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    state = torch.load(state_file, weights_only=False)
     base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in state["weights"]})
     model = get_peft_model(
@@ -81,8 +80,14 @@ def datum(tokens: list[int], **inputs: Any) -> Any:
     )
 
 
-def state_file(root: Path, path: str) -> Path:
-    return root / (path.removeprefix("tinker://").replace(":", "_") + ".pt")
+def saved_state(root: Path, path: str) -> dict[str, Any]:
+    """A save read straight from its folder: safetensors weights and JSON metadata, no pickle anywhere."""
+    from safetensors.torch import load_file
+
+    folder = root / path.removeprefix("tinker://")
+    assert not list(folder.rglob("*.pt")) and (folder / "manifest.json").exists()
+    meta = json.loads((folder / "meta.json").read_text())
+    return {**meta, "weights": load_file(str(folder / "weights.safetensors"))}
 
 
 def test_sampling_reports_the_models_own_logprobs(service: Any, tiny_path: Path):
@@ -126,7 +131,7 @@ def test_forward_backward_losses_equal_a_direct_torch_computation(service: Any, 
     warmup = datum(tokens, weights=np.ones(len(tokens) - 1, dtype=np.float32))
     training.forward_backward([warmup], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=5e-2)).result()  # B moves off zero: LoRA now matters
-    before = state_file(root, training.save_state("before").result().path)
+    before = saved_state(root, training.save_state("before").result().path)
     model = peft_copy(tiny_path, before)
     logp = direct_logprobs(model, tokens[:-1], tokens[1:])
     sampler_lp = torch.tensor([-4.0, -4.5, -3.0, -5.0, -4.2, -4.8, -3.9])
@@ -154,8 +159,8 @@ def test_forward_backward_losses_equal_a_direct_torch_computation(service: Any, 
     )
     step = training.optim_step(types.AdamParams(learning_rate=1e-2))
     fb.result(), step.result()
-    after = torch.load(state_file(root, training.save_state("after").result().path), weights_only=False)
-    old = torch.load(before, weights_only=False)
+    after = saved_state(root, training.save_state("after").result().path)
+    old = before
     assert set(after["weights"]) == set(old["weights"]) and all("lora_" in n for n in after["weights"])
     assert any(not torch.equal(after["weights"][n], old["weights"][n]) for n in old["weights"])
 
