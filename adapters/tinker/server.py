@@ -381,9 +381,14 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     def promise(request_id: str, **extra: Any) -> dict[str, Any]:
         return {"request_id": request_id, **extra}
 
-    @app.exception_handler(Exception)
-    async def refuse(request: Request, exc: Exception) -> JSONResponse:  # never a 500 the SDK retries
-        return JSONResponse({"detail": " ".join(str(exc).split()) or type(exc).__name__}, status_code=400)
+    @app.middleware("http")
+    async def refuse(request: Request, call_next: Any) -> Any:
+        """Any failure is the request's: a 400 with its sentence, never a 500 the SDK would retry
+        (an exception handler for Exception would answer, then re-raise and reset the connection)."""
+        try:
+            return await call_next(request)
+        except Exception as exc:
+            return JSONResponse({"detail": " ".join(str(exc).split()) or type(exc).__name__}, status_code=400)
 
     @app.get("/api/v1/healthz")
     async def healthz() -> dict[str, str]:
@@ -452,6 +457,7 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     async def optim_step(request: Request) -> dict[str, Any]:
         body = await json_body(request)
         adam = check_adam(body.get("adam_params") or body.get("optim_params") or {})
+        state.policy(body.get("model_id"))  # type: ignore[arg-type]  # an unknown client: 400 now
 
         def work() -> dict[str, Any]:
             return {
