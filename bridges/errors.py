@@ -42,6 +42,10 @@ class RewardFunctionError(BridgesError, RuntimeError):
     """A reward function raised; the rollout is marked errored, never silently scored 0."""
 
 
+class TrainingDivergedError(BridgesError, RuntimeError):
+    """Training produced non-finite losses or gradients several steps in a row and was stopped."""
+
+
 class JudgeError(BridgesError, RuntimeError):
     """An LLM judge timed out, failed after retries, or answered something unparseable."""
 

@@ -9,11 +9,11 @@ States that errored before scoring are not scored at all: their reward stays ``N
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
+import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -21,24 +21,12 @@ from bridges.asyncutils import describe_exception
 from bridges.errors import ConfigError
 from bridges.parsers import Parser
 from bridges.types import State, StopReason
+from bridges.usercode import UserCodeTimeout, call_user
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 GROUP_PARAMS = frozenset({"prompts", "completions", "answers", "states", "tasks", "infos", "example_ids"})
 _WEIGHT_ATTR = "__bridges_reward_weight__"
-
-
-_EXECUTOR: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    """Threads for sync reward functions: more than asyncio's default pool, because the timeout counts
-    time spent queueing for a worker and a large group of slow (often I/O-bound) functions would
-    otherwise time out while waiting."""
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        _EXECUTOR = ThreadPoolExecutor(max_workers=32, thread_name_prefix="bridges-reward")
-    return _EXECUTOR
 
 
 @overload
@@ -55,6 +43,18 @@ def reward(func: Any = None, /, *, weight: float = 1.0) -> Any:
     return mark(func) if func is not None else mark
 
 
+def as_finite_reward(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (bools, numpy and 0-d torch scalars included)
+    and finite; None for NaN, inf, strings and anything else."""
+    if isinstance(value, str | bytes) or not (isinstance(value, numbers.Real) or hasattr(value, "__float__")):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def func_name(func: Callable[..., Any]) -> str:
     inner = getattr(func, "func", func)  # functools.partial
     return getattr(inner, "__name__", type(inner).__name__)
@@ -68,7 +68,6 @@ class _FuncInfo:
     params: tuple[str, ...]
     var_kw: bool
     is_group: bool
-    is_async: bool
 
 
 def _inspect(func: Callable[..., Any]) -> _FuncInfo:
@@ -80,11 +79,7 @@ def _inspect(func: Callable[..., Any]) -> _FuncInfo:
     if isinstance(ret, str):
         returns_list = ret.replace(" ", "").startswith(("list", "List"))
     is_group = returns_list or any(p in GROUP_PARAMS for p in params)
-    target = getattr(func, "func", func)
-    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)  # noqa: B004 - callable objects with async __call__
-    )
-    return _FuncInfo(func_name(func), params, var_kw, is_group, is_async)
+    return _FuncInfo(func_name(func), params, var_kw, is_group)
 
 
 class Rubric:
@@ -176,38 +171,12 @@ class Rubric:
     async def _call(self, func: Callable[..., Any], available: dict[str, Any]) -> Any:
         info = self._info[id(func)]
         kwargs = available if info.var_kw else {k: available[k] for k in info.params if k in available}
-        if info.is_async:
-            return await asyncio.wait_for(func(**kwargs), self.timeout)
-        result = await self._call_in_thread(func, kwargs)
-        if inspect.isawaitable(result):  # a sync wrapper returning a coroutine
-            result = await asyncio.wait_for(result, self.timeout)
-        return result
-
-    async def _call_in_thread(self, func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        """Run a sync function on a worker thread; the timeout starts when the thread picks it up,
-        so time spent queueing behind other calls of a busy group never counts against it."""
-        loop = asyncio.get_running_loop()
-        started = asyncio.Event()
-        context = contextvars.copy_context()
-
-        def run() -> Any:
-            loop.call_soon_threadsafe(started.set)
-            return context.run(func, **kwargs)
-
-        future = loop.run_in_executor(_executor(), run)
-        waiter = asyncio.ensure_future(started.wait())
-        try:
-            await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        return await asyncio.wait_for(asyncio.shield(future), self.timeout)
+        return await call_user(func, timeout=self.timeout, what=f"reward function '{info.name}'", **kwargs)
 
     @staticmethod
     def _failure(name: str, exc: BaseException) -> str:
-        if isinstance(exc, TimeoutError):
-            return (
-                f"reward function '{name}' raised TimeoutError: it did not finish within the rubric timeout."
-            )
+        if isinstance(exc, UserCodeTimeout):
+            return f"reward function '{name}' raised TimeoutError: {exc}"
         return f"reward function '{name}' raised {describe_exception(exc)}"
 
     @staticmethod
@@ -261,27 +230,31 @@ class Rubric:
     ) -> list[float | None]:
         try:
             result = await self._call(func, self._group_args(valid))
-            scores = [float(v) for v in result]
-            if len(scores) != len(valid):
+            values = list(result)
+            if len(values) != len(valid):
                 raise ValueError(
-                    f"it returned {len(scores)} values for a group of {len(valid)} valid rollouts"
+                    f"it returned {len(values)} values for a group of {len(valid)} valid rollouts"
                 )
         except Exception as exc:  # recorded on every state of the group, never swallowed as 0
             for state in valid:
                 self._mark_failed(state, self._failure(info.name, exc))
             return [None] * len(valid)
-        return list(scores)
+        return [self._value(state, info.name, value) for state, value in zip(valid, values, strict=True)]
 
     def _value(self, state: State, name: str, result: Any) -> float | None:
+        """The reward as a finite float, or None with the rollout marked ``reward_error``.
+
+        A NaN or inf would pass into the group baseline and the loss and turn every weight into NaN;
+        a string such as "0.5" is a bug in the reward function, not a score.
+        """
         if isinstance(result, asyncio.CancelledError):
             raise result
         if isinstance(result, BaseException):
             self._mark_failed(state, self._failure(name, result))
             return None
-        try:
-            return float(result)
-        except (TypeError, ValueError):
+        value = as_finite_reward(result)
+        if value is None:
             self._mark_failed(
-                state, f"reward function '{name}' returned {result!r:.80}, which is not a number."
+                state, f"reward function '{name}' returned {result!r:.80}, which is not a finite number."
             )
-            return None
+        return value

@@ -314,7 +314,9 @@ async def json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _finite_number(value: Any, name: str, *, minimum: float | None = None, above: float | None = None) -> float:
+def _finite_number(
+    value: Any, name: str, *, minimum: float | None = None, above: float | None = None
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r:.40}.")
     if minimum is not None and value < minimum:

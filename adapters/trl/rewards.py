@@ -106,7 +106,7 @@ class RubricScorer:
 
         async def score_all() -> None:
             for group in groups:
-                await self.env.score_group([states[i] for i in group])
+                await self.env.score([states[i] for i in group])
 
         run_sync(score_all())
         return [state_scores(s) for s in states]

@@ -91,7 +91,7 @@ class BridgesAgentLoop(AgentLoopBase):
                 # trajectory, trained on like any other (the prompt itself fit, or there would be no turn)
                 state.stop_reason, state.error = BUDGET_EXHAUSTED, None
             scoring = time.perf_counter()
-            await self.env.score_group([state])
+            await self.env.score([state])
             return self._output(state, client, started, time.perf_counter() - scoring)
         except Exception as exc:  # a bug below the environment's own error handling: still a sample
             return self._failed(kwargs, client, describe_exception(exc), started)

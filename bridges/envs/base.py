@@ -21,8 +21,8 @@ from bridges.asyncutils import LoopSemaphore, maybe_await, run_sync
 from bridges.errors import ConfigError
 from bridges.messages import to_message_dicts
 from bridges.parsers import Parser
-from bridges.rubric import Rubric
-from bridges.types import Messages, State
+from bridges.rubric import Rubric, as_finite_reward
+from bridges.types import Messages, State, StopReason
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -183,6 +183,7 @@ class Environment:
         max_concurrent: int = 64,
         rollout_timeout: float | None = None,
         model_timeout: float = 600.0,
+        hook_timeout: float | None = 120.0,
         max_retries: int = 2,
         retry_base_delay: float = 0.5,
         retry_max_delay: float = 8.0,
@@ -204,6 +205,7 @@ class Environment:
         self.max_concurrent = max_concurrent
         self.rollout_timeout = rollout_timeout
         self.model_timeout = model_timeout
+        self.hook_timeout = hook_timeout  # bounds each setup_state / env_response / stop condition call
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
         self.retry_max_delay = retry_max_delay
@@ -325,7 +327,23 @@ class Environment:
         await self.rubric.score_rollout(state)
 
     async def score_group(self, states: list[State]) -> None:
+        """Hook: score a group in place (the rubric by default)."""
         await self.rubric.score_group(states)
+
+    async def score(self, states: list[State]) -> None:
+        """Score a group through ``score_group``, then mask any reward that is not a finite number.
+
+        The rubric already refuses NaN, inf and non-numbers; this catches scoring code outside it (an
+        overridden ``score_group``, an adapter) before a NaN reaches a group baseline and the weights.
+        """
+        await self.score_group(states)
+        for state in states:
+            if state.reward is not None and as_finite_reward(state.reward) is None:
+                state.error = state.error or (
+                    f"the environment scored this rollout {state.reward!r:.40}, which is not a finite number."
+                )
+                state.stop_reason = StopReason.REWARD_ERROR.value
+                state.reward = None
 
     # --- groups and many groups ---------------------------------------------------------------
     async def _bounded_rollout(
@@ -362,7 +380,7 @@ class Environment:
                 *(self._bounded_rollout(row, client, model, args, sem) for args in member_args)
             )
         )
-        await self.score_group(states)
+        await self.score(states)
         return states
 
     async def generate(

@@ -19,6 +19,7 @@ from bridges.envs.base import Environment
 from bridges.errors import PromptTooLongError
 from bridges.messages import to_message_dict, to_message_dicts
 from bridges.types import Messages, State, StopReason, Turn
+from bridges.usercode import HOOKS, call_user
 
 F = TypeVar("F", bound=Callable[..., Any])
 _STOP_ATTR = "__bridges_stop__"
@@ -31,6 +32,7 @@ class _StopSpec:
     attr: str
     reason: str
     priority: int
+    ours: bool  # defined in this library: cheap and known to return, so called inline, not bounded
 
 
 @overload
@@ -59,7 +61,8 @@ def stop_conditions(cls: type) -> tuple[_StopSpec, ...]:
         for attr, member in inspect.getmembers(cls):
             mark = getattr(member, _STOP_ATTR, None)
             if mark is not None:
-                found.append(_StopSpec(attr, mark[1], mark[0]))
+                ours = getattr(member, "__module__", "").startswith("bridges.")
+                found.append(_StopSpec(attr, mark[1], mark[0], ours))
         specs = tuple(sorted(found, key=lambda s: (-s.priority, s.attr)))
         _STOP_CACHE[cls] = specs
     return specs
@@ -177,7 +180,12 @@ class MultiTurnEnv(Environment):
             raise _Abort(state.stop_reason or StopReason.ENV_ERROR.value, state.error)
         for spec in stop_conditions(type(self)):
             try:
-                fired = await maybe_await(getattr(self, spec.attr)(state))
+                check = getattr(self, spec.attr)
+                fired = (
+                    await maybe_await(check(state))
+                    if spec.ours
+                    else await self._hook(check, state, what=f"stop condition '{spec.attr}'")
+                )
             except Exception as exc:
                 raise _Abort(
                     StopReason.ENV_ERROR.value,
@@ -217,7 +225,7 @@ class MultiTurnEnv(Environment):
 
     async def _loop(self, state: State, client: Any, model: str, args: dict[str, Any]) -> None:
         try:
-            await maybe_await(self.setup_state(state))
+            await self._hook(self.setup_state, state, what="setup_state")
         except Exception as exc:
             raise _Abort(StopReason.ENV_ERROR.value, f"setup_state raised {describe_exception(exc)}") from exc
         while True:
@@ -225,7 +233,7 @@ class MultiTurnEnv(Environment):
                 return
             if state.turns:
                 try:
-                    reply = await maybe_await(self.env_response(state.messages, state))
+                    reply = await self._hook(self.env_response, state.messages, state, what="env_response")
                     state.completion.extend(_env_messages(reply))
                 except Exception as exc:
                     raise _Abort(
@@ -234,6 +242,10 @@ class MultiTurnEnv(Environment):
                 if await self.is_completed(state):
                     return
             await self._model_turn(state, client, model, args)
+
+    async def _hook(self, hook: Any, *args: Any, what: str) -> Any:
+        """An environment hook bounded by ``hook_timeout``; sync hooks run one at a time on a daemon thread."""
+        return await call_user(hook, *args, timeout=self.hook_timeout, what=what, pool=HOOKS)
 
     async def _model_turn(self, state: State, client: Any, model: str, args: dict[str, Any]) -> None:
         kwargs = dict(args)

@@ -8,7 +8,6 @@ rollout as an environment error.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from bridges.envs.multiturn import MultiTurnEnv, stop
 from bridges.envs.tool_schema import tool_schema
 from bridges.errors import ConfigError
 from bridges.types import Messages, State, StopReason
+from bridges.usercode import UserCodeTimeout, call_user
 
 
 def _result_text(result: Any) -> str:
@@ -110,14 +110,9 @@ class ToolEnv(MultiTurnEnv):
         except TypeError as exc:
             return f"Error: wrong arguments for '{name}': {exc}."
         try:
-            if inspect.iscoroutinefunction(tool):
-                result = await asyncio.wait_for(tool(**args), self.tool_timeout)
-            else:
-                result = await asyncio.wait_for(asyncio.to_thread(tool, **args), self.tool_timeout)
-                if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, self.tool_timeout)
-        except TimeoutError:
-            return f"Error: the tool '{name}' did not finish within {self.tool_timeout} s."
+            result = await call_user(tool, timeout=self.tool_timeout, what=f"the tool '{name}'", **args)
+        except UserCodeTimeout as exc:
+            return f"Error: {exc}"
         except Exception as exc:
             return f"Error: the tool '{name}' raised {describe_exception(exc)}"
         return _result_text(result)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
 import os
 import random
 import time
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from bridges.errors import TrainingDivergedError
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
@@ -50,6 +52,8 @@ from workflows.batches import groups_to_samples, rows_at, step_metrics
 from workflows.rollouts import run_groups
 from workflows.traces import TraceWriter
 from workflows.types import Group, TrainingSample
+
+MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
 
 # --------------------------------------------------------------------------------------------------
 # Setup: environment, policy, optimizer, engine
@@ -133,7 +137,8 @@ class StepContext:
 def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, float]:
     """Accumulate the policy loss over micro-batches, clip, step. No samples -> no update."""
     if not samples:
-        return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0}
+        return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
+                "skipped_nonfinite": 0.0}  # fmt: skip
     ctx.policy.train()
     chunks = [samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)]
     chunks = [c for c in chunks if c]
@@ -163,12 +168,16 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
         totals["ratio/mean"] += out.mean_ratio / len(chunks)
         totals["kl"] += out.kl / len(chunks)
     params = [p for p in ctx.policy.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.max_grad_norm)
-    ctx.optimizer.step()
-    ctx.scheduler.step()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, ctx.max_grad_norm))
+    # One non-finite step would turn every weight into NaN for good: skip it (the loop stops the run
+    # after MAX_NONFINITE_STEPS in a row, which means something upstream is broken).
+    skipped = not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm))
+    if not skipped:
+        ctx.optimizer.step()
+        ctx.scheduler.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     ctx.policy.eval()
-    return {**totals, "grad_norm": float(grad_norm)}
+    return {**totals, "grad_norm": grad_norm, "skipped_nonfinite": float(skipped)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,6 +293,7 @@ async def _run(config: TrainConfig) -> int:
     # train; each is tagged with its step so its seeds and data rows do not depend on timing.
     pending: deque[tuple[int, asyncio.Future[list[Group]]]] = deque()
     next_step, next_position = state.step, state.data_position
+    nonfinite_in_a_row = 0
     progress = _progress_bar(config.progress, t.max_steps, state.step)
     started = time.perf_counter()
     try:
@@ -300,7 +310,15 @@ async def _run(config: TrainConfig) -> int:
             samples, stats = groups_to_samples(groups, t.max_completion_length)
             train_started = time.perf_counter()
             result = await asyncio.to_thread(train_step, ctx, samples)
-            if samples:
+            nonfinite_in_a_row = nonfinite_in_a_row + 1 if result["skipped_nonfinite"] else 0
+            if nonfinite_in_a_row >= MAX_NONFINITE_STEPS:
+                raise TrainingDivergedError(
+                    f"training stopped at step {state.step + 1}: {nonfinite_in_a_row} steps in a row had a "
+                    f"non-finite loss or gradient norm (last loss {result['loss']}, grad_norm "
+                    f"{result['grad_norm']}), so none was applied; lower trainer.learning_rate or check the "
+                    "environment's rewards. The weights are those of the last finite step."
+                )
+            if samples and not result["skipped_nonfinite"]:
                 await (worker.update_weights(policy) if worker is not None else sync_weights(engine, policy))
             train_s = time.perf_counter() - train_started
             state = TrainerState(step=state.step + 1, data_position=state.data_position + t.batch_size)

@@ -4,6 +4,7 @@ masked and counted with their reason, the healthy ones train."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import torch
 from faulty_engine import FaultyEngine
 
-MIXED = "env_args.cases=[ok,env_raises,reward_raises]"  # one healthy row, two faulty rows
+MIXED = "env_args.cases=[ok,env_raises,reward_raises,reward_nan]"  # one healthy row, three faulty rows
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -32,16 +33,27 @@ def test_grpo_step_completes_with_env_reward_and_engine_faults(
     config = parse_config(
         TrainConfig,
         [
-            "env=bridges_fault_env", "env_args.cases=[ok,env_raises,reward_raises,engine:permanent,engine:nan]",
-            f"output_dir={tmp_path}", "progress=false", "trainer.max_steps=2", "trainer.batch_size=5",
+            "env=bridges_fault_env",
+            "env_args.cases=[ok,env_raises,reward_raises,engine:permanent,engine:nan,reward_nan,reward_str]",
+            f"output_dir={tmp_path}", "progress=false", "trainer.max_steps=2", "trainer.batch_size=7",
             "trainer.group_size=2", "run_name=faults",
         ],
     )  # fmt: skip
     assert trainer.run(config) == 0
     for row in metrics(tmp_path / "faults"):
-        assert row["episodes/total"] == 10 and row["episodes/masked"] == 8
-        assert (row["stop/env_error"], row["stop/reward_error"], row["stop/engine_error"]) == (2, 2, 4)
+        assert row["episodes/total"] == 14 and row["episodes/masked"] == 12
+        assert (row["stop/env_error"], row["stop/reward_error"], row["stop/engine_error"]) == (2, 6, 4)
         assert row["stop/max_turns"] == 2 and torch.isfinite(torch.tensor(row["loss"]))
+        assert row["skipped_nonfinite"] == 0.0 and math.isfinite(row["reward/mean"])
+    traces = [json.loads(x) for x in (tmp_path / "faults" / "traces.jsonl").read_text().splitlines()]
+    nan_errors = [
+        t["error"] for t in traces if "[reward_nan]" in str(t["prompt"]) or "[reward_str]" in str(t["prompt"])
+    ]
+    assert len(nan_errors) == 8 and all("which is not a finite number" in e for e in nan_errors)
+    from safetensors.torch import load_file
+
+    (weights,) = (tmp_path / "faults" / "checkpoints").glob("step_*/model/*.safetensors")
+    assert all(bool(torch.isfinite(t).all()) for t in load_file(str(weights)).values())
 
 
 def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_path: Path):
@@ -52,9 +64,9 @@ def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_p
     from adapters.trl import trl_trainer_kwargs
     from bridges.registry import load_environment
 
-    env = load_environment("bridges_fault_env", cases=["ok", "env_raises", "reward_raises"])
+    env = load_environment("bridges_fault_env", cases=["ok", "env_raises", "reward_raises", "reward_nan"])
     args = GRPOConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=6, num_generations=2, max_completion_length=64,
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=2, max_completion_length=64,
         max_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
     )  # fmt: skip
     trainer = GRPOTrainer(
@@ -65,7 +77,7 @@ def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_p
     )
     trainer.train()
     (log,) = [h for h in trainer.state.log_history if "reward" in h]
-    assert log["env/errored_fraction"] == pytest.approx(4 / 6)  # two faulty rows x two rollouts
+    assert log["env/errored_fraction"] == pytest.approx(6 / 8)  # three faulty rows x two rollouts
     assert torch.isfinite(torch.tensor(log["loss"])) and trainer.state.global_step == 1
 
 
@@ -75,12 +87,13 @@ def test_tinker_step_completes_with_faulty_rollouts(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     argv = [
         "backend=tinker", "tinker.base_url=local", "env=bridges_fault_env", MIXED, f"output_dir={tmp_path}",
-        "trainer.max_steps=2", "trainer.batch_size=3", "trainer.group_size=2", "run_name=faults",
+        "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=2", "run_name=faults",
     ]  # fmt: skip
     assert main(argv) == 0
     for row in metrics(tmp_path / "faults"):
-        assert row["episodes/total"] == 6 and row["episodes/masked"] == 4
-        assert (row["stop/env_error"], row["stop/reward_error"]) == (2, 2)
+        assert row["episodes/total"] == 8 and row["episodes/masked"] == 6
+        assert (row["stop/env_error"], row["stop/reward_error"]) == (2, 4)
+        assert math.isfinite(row["loss"]) and row.get("optim/skipped", 0.0) == 0.0
 
 
 def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
@@ -92,11 +105,11 @@ def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
 
     cfg, files = compose(tmp_path, tiny_path, "", MIXED, "sampling.max_tokens=64", env="bridges_fault_env")
     rows = rows_of(
-        run_worker(cfg, batch_of(cfg, files, tiny_tokenizer, rows=3), HFServerManager(str(tiny_path))), cfg
+        run_worker(cfg, batch_of(cfg, files, tiny_tokenizer, rows=4), HFServerManager(str(tiny_path))), cfg
     )
-    assert len(rows) == 6
+    assert len(rows) == 8
     reasons = sorted(row["stop"] for row in rows)
-    assert reasons == ["env_error", "env_error", "max_turns", "max_turns", "reward_error", "reward_error"]
+    assert reasons == ["env_error"] * 2 + ["max_turns"] * 2 + ["reward_error"] * 4
     for row in rows:
         if row["stop"] == "max_turns":
             assert row["valid"] and any(row["mask"])
@@ -105,5 +118,5 @@ def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
                 not row["valid"]
                 and row["reward"] == 0.0
                 and not any(row["mask"])
-                and "injected" in row["error"]
+                and ("injected" in row["error"] or "not a finite number" in row["error"])
             )
