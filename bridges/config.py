@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -19,6 +20,48 @@ from typing import Any, TypeVar
 from bridges.errors import BridgesError, ConfigError
 
 T = TypeVar("T")
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str = "",
+    factory: Callable[[], Any] | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    choices: Sequence[Any] | None = None,
+) -> Any:
+    """A config field with its one-line description and the values it accepts (checked by
+    ``check_values`` right after parsing, so a bad value fails before anything loads)."""
+    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices) if choices else None}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_values(config: Any, prefix: str = "") -> None:
+    """Every float finite, every constrained field inside its range or choices (``option``), recursively."""
+    for f in dataclasses.fields(config):
+        value, key, meta = getattr(config, f.name), prefix + f.name, f.metadata
+        if dataclasses.is_dataclass(value):
+            check_values(value, prefix=f"{key}.")
+            continue
+        if value is None or isinstance(value, dict | list | str | bool) and not meta.get("choices"):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}.")
+        if meta.get("choices") and value not in meta["choices"]:
+            allowed = ", ".join(str(c) for c in meta["choices"])
+            raise ConfigError(f"{key} must be one of {allowed}; got '{value}'.")
+        for bound, fails, words in (
+            ("ge", lambda v, b: v < b, "at least"),
+            ("gt", lambda v, b: v <= b, "greater than"),
+            ("le", lambda v, b: v > b, "at most"),
+        ):
+            limit = meta.get(bound)
+            if limit is not None and fails(value, limit):
+                raise ConfigError(f"{key} must be {words} {limit}, got {value}.")
 
 
 def _parse_value(raw: str) -> Any:
@@ -81,22 +124,47 @@ def parse_config(schema: type[T], argv: Sequence[str]) -> T:
     base = OmegaConf.structured(schema)
     try:
         if yaml_path is not None:
-            try:
-                loaded = OmegaConf.load(yaml_path)
-            except FileNotFoundError:
-                raise ConfigError(f"config file '{yaml_path}' does not exist.") from None
-            _check_keys(schema, OmegaConf.to_container(loaded) or {})
+            loaded = _load_yaml(yaml_path)
+            _check_keys(schema, loaded)
             base = OmegaConf.merge(base, loaded)
         for key, raw in pairs:
             _check_keys(schema, _nest(key, None))
             OmegaConf.update(base, key, _parse_value(raw), merge=True, force_add=_is_open(schema, key))
-        return OmegaConf.to_object(base)  # type: ignore[return-value]
+        config = OmegaConf.to_object(base)
     except ConfigError:
         raise
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         detail = str(exc).splitlines()[0].rstrip(".")
         raise ConfigError(f"invalid value for config key '{key}': {detail}.") from None
+    check_values(config)
+    return config  # type: ignore[return-value]
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    """A YAML config file as a mapping; a missing, unreadable, malformed or non-mapping file is one sentence."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            loaded = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file '{path}' cannot be read ({exc.__class__.__name__}).") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}: {problem}.") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        raise ConfigError(
+            f"config file '{path}' must hold a mapping of keys to values (key: value lines), "
+            f"not a {type(loaded).__name__}."
+        )
+    return loaded
 
 
 def _nest(dotted: str, value: Any) -> dict[str, Any]:

@@ -18,13 +18,14 @@ import re
 import shutil
 import sys
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bridges.config import parse_config, run_cli
+from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
+from bridges.preflight import build_environment, check_dataset, check_model, check_writable_folder
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
@@ -34,27 +35,35 @@ RUN_IDENTITY = ("env", "env_args", "model", "rollouts_per_example", "split")
 
 @dataclass
 class SamplingConfig:
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_tokens: int | None = option(None, ge=1, help="tokens per model turn; None: the environment's own")
+    temperature: float | None = option(None, ge=0.0, le=2.0, help="sampling temperature (0: greedy)")
+    top_p: float | None = option(None, gt=0.0, le=1.0, help="nucleus sampling mass")
 
 
 @dataclass
 class EvalConfig:
-    env: str = "repeat_letter"
-    env_args: dict[str, Any] = field(default_factory=dict)
-    model: str = "tiny"
-    engine: str = "hf"  # hf | openai
-    base_url: str | None = None
-    api_key_var: str = "OPENAI_API_KEY"
-    num_examples: int = -1
-    rollouts_per_example: int = 1
-    max_concurrent: int = 32
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int = 0
-    output: str | None = None  # default: outputs/<env>--<model>
-    split: str = "eval"  # eval | train
-    progress: bool = True
+    env: str = option("repeat_letter", help="environment id: bundled, entry point, module, or vf:<module>")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    model: str = option(
+        "tiny", help="'tiny', a local checkpoint folder, a hub id, or the endpoint's model name"
+    )
+    engine: str = option(
+        "hf", choices=("hf", "openai"), help="hf: a local model, token-exact; openai: any endpoint"
+    )
+    base_url: str | None = option(None, help="engine=openai: the endpoint (default: the SDK's)")
+    api_key_var: str = option(
+        "OPENAI_API_KEY", help="engine=openai: the environment variable holding the key"
+    )
+    num_examples: int = option(-1, ge=-1, help="examples to evaluate; -1 = all")
+    rollouts_per_example: int = option(1, ge=1, help="rollouts of each example")
+    max_concurrent: int = option(32, ge=1, help="rollouts in flight")
+    sampling: SamplingConfig = option(factory=SamplingConfig, help="sampling overrides")
+    seed: int = option(0, ge=0, help="sampling seed")
+    output: str | None = option(None, help="results folder; default outputs/<env>--<model>")
+    split: str = option("eval", choices=("eval", "train"), help="which dataset split to evaluate")
+    progress: bool = option(True, help="a progress bar")
 
 
 def default_output(env: str, model: str) -> Path:
@@ -62,17 +71,13 @@ def default_output(env: str, model: str) -> Path:
     return Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", f"{env}--{name}")
 
 
-def validate(config: EvalConfig) -> None:
-    if config.engine not in ("hf", "openai"):
-        raise ConfigError(f"engine must be 'hf' or 'openai', got '{config.engine}'.")
-    if config.split not in ("eval", "train"):
-        raise ConfigError(f"split must be 'eval' or 'train', got '{config.split}'.")
-    if config.rollouts_per_example < 1:
-        raise ConfigError(f"rollouts_per_example must be at least 1, got {config.rollouts_per_example}.")
-    if config.max_concurrent < 1:
-        raise ConfigError(f"max_concurrent must be at least 1, got {config.max_concurrent}.")
-    if config.num_examples == 0 or config.num_examples < -1:
+def validate(config: EvalConfig, output: Path) -> None:
+    """What the ranges in EvalConfig cannot say, checked before the environment or a model loads."""
+    if config.num_examples == 0:
         raise ConfigError(f"num_examples must be positive or -1 (all), got {config.num_examples}.")
+    check_writable_folder(output, "output")
+    if config.engine == "hf":
+        check_model(config.model)
 
 
 # ---------------------------------------------------------------- saved results (resume)
@@ -207,26 +212,11 @@ def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
     staging.rename(path)
 
 
-def build_environment(env_id: str, env_args: dict[str, Any]) -> Any:
-    """The environment, with an env_args key its loader does not take reported as one sentence."""
-    import datasets
-
-    from bridges.registry import load_environment
-
-    datasets.disable_progress_bars()  # the rollout bar is the one that matters
-    try:
-        return load_environment(env_id, **env_args)
-    except TypeError as exc:
-        if "keyword argument" not in str(exc):
-            raise
-        raise ConfigError(f"environment '{env_id}' does not accept these env_args ({exc}).") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
     config = parse_config(EvalConfig, sys.argv[1:] if argv is None else argv)
-    validate(config)
     output = Path(config.output) if config.output else default_output(config.env, config.model)
+    validate(config, output)
     identity = {
         "env": config.env,
         "env_args": config.env_args,
@@ -236,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     check_resumable(output, identity)
     env = build_environment(config.env, config.env_args)
+    check_dataset(env, config.split, config.env)
     dataset = (
         env.get_eval_dataset(n=config.num_examples)
         if config.split == "eval"

@@ -7,6 +7,7 @@ syntax error) and surfaces as itself; only a module that does not exist at all c
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.metadata
 import pkgutil
@@ -78,9 +79,12 @@ def find_loader(env_id: str) -> Callable[..., Any]:
         module = _import_if_exists(module_name)
         if module is not None:
             return _loader_from(module, f"the module '{module_name}'")
-    bundled = ", ".join(list_bundled_environments()) or "none"
+    names = list_bundled_environments()
+    bundled = ", ".join(names) or "none"
+    close = difflib.get_close_matches(module_name, names, n=1, cutoff=0.5)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise EnvironmentNotFoundError(
-        f"no environment '{env_id}': it is not bundled (bundled: {bundled}), not registered under the "
+        f"no environment '{env_id}'{hint}: it is not bundled (bundled: {bundled}), not registered under the "
         f"'{ENTRY_POINT_GROUP}' entry-point group, and no importable module '{module_name}' exists."
     )
 

@@ -2,28 +2,62 @@
 
 With no arguments it is the embedded default: the bundled GRPO trainer, the local transformers
 engine, the tiny model and the ``repeat_letter`` toy environment, on CPU in a few minutes.
-``dry_run=true`` prints the resolved configuration (and, for launcher backends, the command) and exits.
+Everything is validated before anything heavy loads (``bridges.preflight`` plus the backend's own
+``validate``); ``dry_run=true`` runs the same validation, prints the resolved configuration (and,
+for launcher backends, the command) and exits.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
+from pathlib import Path
+from typing import Any
 
 from bridges.backends import resolve_backend
 from bridges.config import parse_config, run_cli, to_yaml
+from bridges.errors import MissingExtraError
+from bridges.preflight import (
+    build_environment,
+    check_dataset,
+    check_run_name,
+    check_writable_folder,
+    claim_run_folder,
+)
 from bridges.train_config import TrainConfig
+
+
+def validate(config: TrainConfig, runner: Any) -> None:
+    """Every check that needs no model: names, environment and data, folders, then the backend's own."""
+    check_run_name(config.resolved_run_name)
+    env = build_environment(config.env, config.env_args)
+    check_dataset(env, "train", config.env)
+    check_writable_folder(Path(config.output_dir), "output_dir")
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=True)
+    if config.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise MissingExtraError(
+            "'wandb' is needed for report_to=wandb but is not installed; install it with "
+            "pip install 'rl-bridges[wandb]'."
+        )
+    backend_checks = getattr(inspect.getmodule(runner), "validate", None)
+    if backend_checks is not None:
+        backend_checks(config)
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(TrainConfig, sys.argv[1:] if argv is None else argv)
     runner = resolve_backend(config.backend)
+    validate(config, runner)
     if config.dry_run:
         print(to_yaml(config), end="")
         describe = getattr(inspect.getmodule(runner), "describe", None)
         if describe is not None:  # what the backend would hand its native trainer
             print(describe(config), end="")
         return 0
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=False)
     return int(runner(config) or 0)
 
 

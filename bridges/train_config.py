@@ -8,47 +8,65 @@ overrides, ``tinker.*``) instead of being re-declared here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any
+
+from bridges.config import option
+
+LOSS_TYPES = ("grpo", "dr_grpo")
+ENGINES = ("auto", "hf", "vllm")
 
 
 @dataclass
 class SamplingConfig:
-    max_tokens: int | None = None  # None: the environment's own sampling_args decide
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_tokens: int | None = option(
+        None, ge=1, help="tokens per model turn; None: the environment's own sampling_args"
+    )
+    temperature: float = option(
+        1.0, gt=0.0, help="sampling temperature (> 0: training needs the sampler's logprobs)"
+    )
+    top_p: float = option(1.0, gt=0.0, le=1.0, help="nucleus sampling mass")
 
 
 @dataclass
 class TrainerConfig:
     # schedule
-    max_steps: int = 300
-    batch_size: int = 16  # prompts (groups) per optimizer step
-    group_size: int = 16  # rollouts per prompt
+    max_steps: int = option(300, ge=1, help="optimizer steps")
+    batch_size: int = option(16, ge=1, help="prompts (groups) per optimizer step")
+    group_size: int = option(16, ge=2, help="rollouts per prompt (group-relative advantages need at least 2)")
     # optimisation (defaults tuned for the embedded tiny model; real checkpoints want ~1e-6 full, ~1e-5 LoRA)
-    learning_rate: float = 1.5e-3
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    grad_accum_steps: int = 1
+    learning_rate: float = option(1.5e-3, gt=0.0, help="peak learning rate")
+    warmup_steps: int = option(0, ge=0, help="linear warmup steps")
+    weight_decay: float = option(0.0, ge=0.0, help="AdamW weight decay")
+    max_grad_norm: float = option(1.0, gt=0.0, help="gradient clipping norm")
+    grad_accum_steps: int = option(1, ge=1, help="micro-batches per optimizer step")
     # objective
-    loss: str = "grpo"  # grpo | dr_grpo
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    ratio_cap: float | None = 4.0  # truncation of the importance ratio against the sampler
-    beta: float = 0.0  # KL to a frozen reference model; 0 = no reference model
-    max_completion_length: int = 512  # per-sample token budget after the prompt
+    loss: str = option(
+        "grpo",
+        choices=LOSS_TYPES,
+        help="grpo: (r - mean) / std; dr_grpo: r - mean, constant-length normaliser",
+    )
+    epsilon: float = option(0.2, gt=0.0, help="PPO clip range (low side)")
+    epsilon_high: float | None = option(None, gt=0.0, help="PPO clip range (high side); None: epsilon")
+    ratio_cap: float | None = option(
+        4.0, gt=1.0, help="truncation of the importance ratio against the sampler"
+    )
+    beta: float = option(0.0, ge=0.0, help="KL to a frozen reference model; 0 = no reference model")
+    max_completion_length: int = option(512, ge=1, help="per-sample token budget after the prompt")
     # asynchrony: generation of step k+1 overlaps training on step k
-    num_batches_ahead: int = 1
-    max_concurrent: int = 256  # rollouts in flight
-    rollout_process: bool = (
-        False  # hf engine: roll out in a child process, so generation really overlaps training
+    num_batches_ahead: int = option(1, ge=0, help="batches generated ahead of the one being trained on")
+    max_concurrent: int = option(256, ge=1, help="rollouts in flight")
+    rollout_process: bool = option(
+        False, help="hf engine: roll out in a child process, so generation overlaps training"
     )
     # parameter-efficient training
-    lora_rank: int = 0  # 0 = full fine-tuning
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_rank: int = option(0, ge=0, help="LoRA rank; 0 = full fine-tuning")
+    lora_alpha: int = option(32, ge=1, help="LoRA alpha")
+    lora_dropout: float = option(0.0, ge=0.0, le=0.99, help="LoRA dropout")
+    lora_target_modules: list[str] = option(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="modules LoRA adapts"
+    )
 
 
 def lora_config(t: TrainerConfig) -> Any:
@@ -69,28 +87,37 @@ def lora_config(t: TrainerConfig) -> Any:
 
 @dataclass
 class TrainConfig:
-    backend: str = "grpo"
-    env: str = "repeat_letter"
-    env_args: dict[str, Any] = field(default_factory=dict)
-    model: str = "tiny"
-    engine: str = "auto"  # auto | hf | vllm (auto: vllm when a GPU and vllm are present, else hf)
-    run_name: str | None = None  # default: <backend>-<env>
-    output_dir: str = "runs"
-    seed: int = 0
-    resume: bool = False
-    save_every: int = 0  # steps between checkpoints; 0 = only at the end
-    keep_checkpoints: int = 2
-    report_to: str = "none"  # none | wandb
-    progress: bool = True
-    dry_run: bool = False
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    backend: str = option(
+        "grpo", help="grpo | trl | verl | tinker, or one registered by an installed package"
+    )
+    env: str = option("repeat_letter", help="environment id: bundled, entry point, module, or vf:<module>")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    model: str = option("tiny", help="'tiny' (built locally), a local checkpoint folder or a hub id")
+    engine: str = option("auto", choices=ENGINES, help="auto: vllm when a GPU and vllm are present, else hf")
+    run_name: str | None = option(None, help="the run's folder under output_dir; default <backend>-<env>")
+    output_dir: str = option("runs", help="where run folders are written")
+    seed: int = option(0, ge=0, help="seed of data order, sampling and initialisation")
+    resume: bool = option(
+        False, help="continue the run in <output_dir>/<run_name> from its newest intact checkpoint"
+    )
+    overwrite: bool = option(False, help="replace the run already in <output_dir>/<run_name>")
+    save_every: int = option(0, ge=0, help="steps between checkpoints; 0 = only at the end")
+    keep_checkpoints: int = option(2, ge=0, help="newest checkpoints kept; 0 = keep all")
+    report_to: str = option("none", choices=("none", "wandb"), help="where metrics go besides metrics.jsonl")
+    progress: bool = option(True, help="a progress bar (else one line per step)")
+    dry_run: bool = option(
+        False, help="validate everything, print the resolved config (and backend command), exit"
+    )
+    sampling: SamplingConfig = option(factory=SamplingConfig, help="sampling of training rollouts")
+    trainer: TrainerConfig = option(factory=TrainerConfig, help="the shared training keys")
     # native backend sections, passed through untouched
-    trl: dict[str, Any] = field(default_factory=dict)
-    verl: dict[str, Any] = field(default_factory=dict)
-    tinker: dict[str, Any] = field(default_factory=dict)
-    vllm: dict[str, Any] = field(default_factory=dict)
+    trl: dict[str, Any] = option(factory=dict, help="GRPOConfig fields for backend=trl")
+    verl: dict[str, Any] = option(factory=dict, help="hydra overrides for backend=verl")
+    tinker: dict[str, Any] = option(factory=dict, help="options of backend=tinker")
+    vllm: dict[str, Any] = option(factory=dict, help="vLLM engine arguments")
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{self.backend}-{self.env}"
+        return self.run_name or re.sub(r"[^A-Za-z0-9._+-]+", "-", f"{self.backend}-{self.env}").strip("-.")

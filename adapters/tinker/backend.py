@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from bridges.config import check_values, option
 from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig
 
@@ -35,30 +36,35 @@ LOSS_FNS = ("importance_sampling", "ppo", "cispo")
 
 @dataclasses.dataclass
 class TinkerOptions:
-    base_url: str | None = None  # None: $TINKER_BASE_URL or Tinker's service; "local": our own server
-    base_model: str | None = None
-    loss_fn: str = "importance_sampling"
-    clip_low: float | None = None
-    clip_high: float | None = None
-    max_steps_off_policy: int = 0
-    tokenizer: str | None = None
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
+    base_url: str | None = option(
+        None, help="None: $TINKER_BASE_URL or Tinker's service; 'local': our own server"
+    )
+    base_model: str | None = option(None, help="the service's model name; default: model")
+    loss_fn: str = option("importance_sampling", choices=LOSS_FNS, help="Tinker's built-in RL loss")
+    clip_low: float | None = option(None, gt=0.0, help="ppo/cispo lower clip threshold of the ratio")
+    clip_high: float | None = option(None, gt=0.0, help="ppo/cispo upper clip threshold of the ratio")
+    max_steps_off_policy: int = option(0, ge=0, help="batches sampled ahead of the step being trained")
+    tokenizer: str | None = option(None, help="a local tokenizer folder for remote runs")
+    adam_beta2: float = option(0.999, gt=0.0, le=0.999999, help="Adam beta2")
+    adam_eps: float = option(1e-8, gt=0.0, help="Adam epsilon")
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> TinkerOptions:
+        """The ``tinker.*`` section typed and range-checked like every other key (one sentence on error)."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(section) - names)
         if unknown:
             raise ConfigError(f"unknown key 'tinker.{unknown[0]}'; valid keys: {', '.join(sorted(names))}.")
-        options = cls(**section)
-        if options.loss_fn not in LOSS_FNS:
-            raise ConfigError(
-                f"tinker.loss_fn must be one of {', '.join(LOSS_FNS)}, got '{options.loss_fn}'."
-            )
-        if options.max_steps_off_policy < 0:
-            raise ConfigError("tinker.max_steps_off_policy must be 0 or more.")
-        return options
+        try:
+            options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), section))
+        except OmegaConfBaseException as exc:
+            detail = str(exc).splitlines()[0].rstrip(".")
+            raise ConfigError(f"invalid value for config key 'tinker.{exc.full_key}': {detail}.") from None
+        check_values(options, prefix="tinker.")
+        return options  # type: ignore[return-value]
 
     def loss_fn_config(self) -> dict[str, float] | None:
         if self.loss_fn == "importance_sampling":
@@ -69,6 +75,15 @@ class TinkerOptions:
         if self.clip_high is not None:
             config["clip_high_threshold"] = float(self.clip_high)
         return config or None
+
+
+def validate(config: TrainConfig) -> None:
+    """backend=tinker's checks before a server starts or a client connects."""
+    from bridges.preflight import check_model
+
+    options = check_config(config)
+    if options.base_url == "local":
+        check_model(config.model)  # a remote service names its own models
 
 
 def check_config(config: TrainConfig) -> TinkerOptions:

@@ -109,6 +109,23 @@ def metrics_callback(logger: Any) -> Any:
     return MetricsFile()
 
 
+def validate(config: TrainConfig) -> None:
+    """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
+    ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
+    from bridges.preflight import check_model
+    from bridges.registry import load_environment
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    require_extra("trl", "trl", "backend=trl")
+    check_model(config.model)
+    if config.engine not in ("auto", "hf"):
+        raise ConfigError(
+            f"backend=trl generates with TRL's own engine; set trl.use_vllm=true for vLLM instead of engine={config.engine}."
+        )
+    env = load_environment(config.env, **config.env_args)
+    build_grpo_config(grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name))
+
+
 def run(config: TrainConfig) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "backend=trl")
@@ -120,10 +137,6 @@ def run(config: TrainConfig) -> int:
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 
-    if config.engine not in ("auto", "hf"):
-        raise ConfigError(
-            f"backend=trl generates with TRL's own engine; set trl.use_vllm=true for vLLM instead of engine={config.engine}."
-        )
     env = load_environment(config.env, **config.env_args)
     run_dir = Path(config.output_dir) / config.resolved_run_name
     args = build_grpo_config(grpo_config_kwargs(config, env, run_dir))

@@ -143,10 +143,6 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 
-    if config.engine not in ("auto", "vllm"):
-        raise ConfigError(
-            f"backend=verl samples with verl's own rollout servers; engine={config.engine} does not apply."
-        )
     env = load_environment(config.env, **config.env_args)
     run_dir = Path(config.output_dir).resolve() / config.resolved_run_name
     files = {"run_dir": run_dir, "agent_loops": run_dir / "verl" / "agent_loops.yaml"}
@@ -169,6 +165,17 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
         *(f"{k}={hydra_value(v)}" for k, v in keys.items()),
     ]
     return command, files
+
+
+def validate(config: TrainConfig) -> None:
+    """backend=verl's checks before anything is written or launched."""
+    from bridges.preflight import check_model
+
+    check_model(config.model)
+    if config.engine not in ("auto", "vllm"):
+        raise ConfigError(
+            f"backend=verl samples with verl's own rollout servers; engine={config.engine} does not apply."
+        )
 
 
 def describe(config: TrainConfig) -> str:

@@ -217,6 +217,8 @@ class Environment:
     def format_dataset(self, dataset: Dataset) -> Dataset:
         """Add ``prompt`` (from ``question``), the system prompt, ``example_id`` and ``answer``."""
         columns = set(dataset.column_names)
+        if len(dataset) == 0:  # nothing to format; the CLIs refuse an empty split in one sentence
+            return dataset
         if "prompt" not in columns and "question" not in columns:
             raise ConfigError(f"a dataset needs a 'prompt' or a 'question' column; it has {sorted(columns)}.")
         if "example_id" not in columns:

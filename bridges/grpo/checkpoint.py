@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from bridges.errors import ConfigError
 from bridges.state_files import (
     flatten_optimizer,
     load_tensors,
@@ -97,6 +98,13 @@ def intact_checkpoints(directory: Path) -> tuple[list[Path], list[str]]:
     return intact, damaged
 
 
+def no_intact_checkpoint(directory: Path, damaged: list[str]) -> ConfigError:
+    return ConfigError(
+        f"resume=true but no checkpoint in {directory} is intact ({'; '.join(damaged)}); "
+        "pass overwrite=true to start the run again."
+    )
+
+
 def is_adapter_checkpoint(path: Path) -> bool:
     """Whether the checkpoint holds a LoRA adapter (peft's adapter_config.json) rather than full weights."""
     return (path / "model" / "adapter_config.json").exists()
@@ -137,7 +145,6 @@ def resume_latest_intact(
     """Load the newest checkpoint that verifies and loads, saying which damaged ones were skipped;
     None when there is no checkpoint at all. Every checkpoint damaged is one sentence (ConfigError)."""
     from bridges.asyncutils import describe_exception
-    from bridges.errors import ConfigError
 
     if not list_checkpoints(directory):
         return None
@@ -151,7 +158,4 @@ def resume_latest_intact(
             note = f"checkpoint {path.name} could not be loaded ({describe_exception(exc)})"
             damaged.append(note)
             print(f"{note}; skipping it.")
-    raise ConfigError(
-        f"resume=true but no checkpoint in {directory} is intact ({'; '.join(damaged)}); "
-        "pass overwrite=true to start the run again."
-    )
+    raise no_intact_checkpoint(directory, damaged)

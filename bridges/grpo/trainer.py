@@ -76,6 +76,37 @@ def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
     return policy, tokenizer
 
 
+def validate(config: TrainConfig) -> None:
+    """backend=grpo's own checks, before any model loads: the model, the engine, and a resume that
+    matches how the checkpoint was trained (full weights or a LoRA adapter)."""
+    from bridges.errors import ConfigError, require_extra
+    from bridges.grpo.checkpoint import intact_checkpoints, is_adapter_checkpoint, no_intact_checkpoint
+    from bridges.preflight import check_model
+
+    check_model(config.model)
+    if config.engine == "vllm":
+        require_extra("vllm", "vllm", "engine=vllm")
+    if config.trainer.rollout_process and (
+        config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())
+    ):
+        raise ConfigError(
+            "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
+        )
+    if config.trainer.lora_rank > 0:
+        require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
+    if config.resume:
+        ckpt_dir = Path(config.output_dir) / config.resolved_run_name / "checkpoints"
+        intact, damaged = intact_checkpoints(ckpt_dir)
+        if damaged and not intact:
+            raise no_intact_checkpoint(ckpt_dir, damaged)
+        if intact and is_adapter_checkpoint(intact[0]) != (config.trainer.lora_rank > 0):
+            kind = "a LoRA adapter" if is_adapter_checkpoint(intact[0]) else "full weights"
+            raise ConfigError(
+                f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={config.trainer.lora_rank}; "
+                "resume with the lora_rank the run was started with."
+            )
+
+
 def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:
     """The generation engine behind the client: vLLM on a GPU, the transformers engine otherwise."""
     choice = config.engine
@@ -85,10 +116,6 @@ def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) ->
         from adapters.vllm import VLLMEngine
 
         return VLLMEngine.for_training(config, policy, tokenizer)
-    if choice != "hf":
-        from bridges.errors import ConfigError
-
-        raise ConfigError(f"engine must be 'auto', 'hf' or 'vllm', got '{choice}'.")
     from adapters.hf import HFEngine
 
     # The engine gets its own copy of the weights: training mutates the policy in another thread
@@ -225,15 +252,9 @@ async def _run(config: TrainConfig) -> int:
     # Rollouts run here (engine + client on this event loop) or, with rollout_process=true, in a child
     # process that owns its own copy of the weights (bridges/grpo/rollout_process.py).
     worker = None
-    if t.rollout_process:
+    if t.rollout_process:  # engine=hf here: validate() refused anything else
         from bridges.grpo.rollout_process import ProcessRollouts
 
-        if config.engine not in ("auto", "hf") or (config.engine == "auto" and torch.cuda.is_available()):
-            from bridges.errors import ConfigError
-
-            raise ConfigError(
-                "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
-            )
         worker = ProcessRollouts(config, policy)
         engine = client = None
     else:

@@ -1,0 +1,154 @@
+"""Bad configuration is found before anything heavy loads: exit 2, one sentence on stderr, no model loaded.
+
+``{tmp}``, ``{file}``, ``{malformed}``, ``{listed}`` and ``{fullrun}`` in an argument stand for paths
+the fixture makes: the test folder, a plain file, a malformed YAML file, a YAML file holding a list,
+and an output folder holding a full fine-tuning run with an intact checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridges.config import run_cli
+
+TRAIN = [  # (argv, a piece of the sentence)
+    (["trainer.group_size=0"], "trainer.group_size must be at least 2, got 0."),
+    (["trainer.num_batches_ahead=-1"], "trainer.num_batches_ahead must be at least 0, got -1."),
+    (["trainer.grad_accum_steps=0"], "trainer.grad_accum_steps must be at least 1, got 0."),
+    (["trainer.loss=bogus"], "trainer.loss must be one of grpo, dr_grpo; got 'bogus'."),
+    (["trainer.learning_rate=nan"], "trainer.learning_rate must be a finite number, got nan."),
+    (["trainer.learning_rate=-inf"], "trainer.learning_rate must be a finite number, got -inf."),
+    (["trainer.learning_rate=0"], "trainer.learning_rate must be greater than 0.0, got 0.0."),
+    (["config={malformed}"], "is not valid YAML at line 3, column 1"),
+    (["config={listed}"], "must hold a mapping of keys to values (key: value lines), not a list."),
+    (["config={tmp}/missing.yaml"], "missing.yaml' does not exist."),
+    (["config={tmp}"], "cannot be read"),
+    (["env_args.bogus=1"], "environment 'repeat_letter' does not accept these env_args"),
+    (["env_args.num_train=0"], "environment 'repeat_letter' has an empty train dataset"),
+    (["env_args.length=oops"], "environment 'repeat_letter' could not be built"),
+    (["output_dir={file}"], "cannot be a folder; choose another output_dir."),
+    (["output_dir={file}/runs"], "is a file); choose another output_dir."),
+    (["output_dir=/proc/bridges-runs"], "is not writable"),
+    (["model=/no/such/model"], "model '/no/such/model' does not exist"),
+    (["model=./nope"], "model './nope' does not exist"),
+    (["model={file}"], "is not a model folder (it has no config.json)."),
+    (["resume=true", "trainer.lora_rank=4", "output_dir={fullrun}", "run_name=run"], "holds full weights"),
+    (["output_dir={fullrun}", "run_name=run"], "already holds a run; pass resume=true to continue it"),
+    (["resume=true", "overwrite=true"], "resume=true and overwrite=true contradict each other"),
+    (["run_name=../../escape"], "run_name '../../escape' must be one folder name"),
+    (["trainer.max_steps=-1"], "trainer.max_steps must be at least 1, got -1."),
+    (["trainer.batch_size=0"], "trainer.batch_size must be at least 1, got 0."),
+    (["sampling.temperature=-1"], "sampling.temperature must be greater than 0.0, got -1.0."),
+    (["sampling.top_p=1.5"], "sampling.top_p must be at most 1.0, got 1.5."),
+    (["sampling.max_tokens=0"], "sampling.max_tokens must be at least 1, got 0."),
+    (["save_every=-3"], "save_every must be at least 0, got -3."),
+    (["trainer.max_concurrent=0"], "trainer.max_concurrent must be at least 1, got 0."),
+    (["engine=bogus"], "engine must be one of auto, hf, vllm; got 'bogus'."),
+    (["report_to=bogus"], "report_to must be one of none, wandb; got 'bogus'."),
+    (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
+    (["dry_run=true", "backend=trl", "trl.learning_rat=1"], "'trl.learning_rat' is not a GRPOConfig field"),
+    (["dry_run=true", "backend=trl", "engine=vllm"], "backend=trl generates with TRL's own engine"),
+    (["backend=tinker", "tinker.base_url=local", "tinker.max_steps_off_policy=-1"], "must be at least 0"),
+    (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
+    (["backend=verl", "dry_run=true", "engine=hf"], "backend=verl samples with verl's own rollout servers"),
+]
+
+EVAL = [
+    (["sampling.max_tokens=-5"], "sampling.max_tokens must be at least 1, got -5."),
+    (["sampling.temperature=-1"], "sampling.temperature must be at least 0.0, got -1.0."),
+    (["sampling.temperature=nan"], "sampling.temperature must be a finite number, got nan."),
+    (["max_concurrent=0"], "max_concurrent must be at least 1, got 0."),
+    (["rollouts_per_example=0"], "rollouts_per_example must be at least 1, got 0."),
+    (["num_examples=-3"], "num_examples must be at least -1, got -3."),
+    (["output={file}"], "cannot be a folder; choose another output."),
+    (["env_args.bogus=1"], "environment 'repeat_letter' does not accept these env_args"),
+    (["env_args.num_eval=0"], "environment 'repeat_letter' has an empty eval dataset"),
+    (["env=reverse_txt"], "no environment 'reverse_txt' (did you mean 'reverse_text'?)"),
+    (["model=/no/such/model"], "model '/no/such/model' does not exist"),
+    (["engine=bogus"], "engine must be one of hf, openai; got 'bogus'."),
+    (["config={malformed}"], "is not valid YAML"),
+]
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> dict[str, str]:
+    from bridges.grpo.checkpoint import _PREFIX
+    from bridges.state_files import write_manifest
+
+    file = tmp_path / "a-file"
+    file.write_text("not a folder")
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("trainer:\n  max_steps: [1, 2\n")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("- trainer.max_steps=3\n- env=x\n")
+    checkpoint = tmp_path / "fullrun" / "run" / "checkpoints" / f"{_PREFIX}000002"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "model" / "model.safetensors").write_bytes(b"weights")
+    write_manifest(checkpoint)
+    (tmp_path / "fullrun" / "run" / "metrics.jsonl").write_text("")
+    return {"tmp": str(tmp_path), "file": str(file), "malformed": str(malformed), "listed": str(listed),
+            "fullrun": str(tmp_path / "fullrun")}  # fmt: skip
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to load (or build) a model fails the test."""
+    import transformers
+
+    import bridges.tiny
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a model was loaded before the configuration was validated")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(bridges.tiny, "tiny_model_path", refuse)
+
+
+def run(
+    module: str, argv: list[str], paths: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, [arg.format(**paths) for arg in argv])
+    return int(info.value.code), capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(("argv", "piece"), TRAIN, ids=[" ".join(c[0]) for c in TRAIN])
+def test_train_refuses_bad_config_before_loading_anything(
+    argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    monkeypatch.chdir(paths["tmp"])
+    code, err = run("bridges.train", argv, paths, capsys)
+    assert code == 2 and err.startswith("error: ") and piece in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (Path(paths["tmp"]) / "runs").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize(("argv", "piece"), EVAL, ids=[" ".join(c[0]) for c in EVAL])
+def test_eval_refuses_bad_config_before_loading_anything(
+    argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    monkeypatch.chdir(paths["tmp"])
+    code, err = run("bridges.eval", argv, paths, capsys)
+    assert code == 2 and err.startswith("error: ") and piece in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (Path(paths["tmp"]) / "outputs").exists()
+
+
+def test_dry_run_validates_exactly_like_a_real_run(paths: dict[str, str], capsys: pytest.CaptureFixture[str]):
+    """Every TRAIN case that fails without dry_run fails the same way with it."""
+    import bridges.train
+
+    for argv, piece in TRAIN:
+        if "dry_run=true" in argv or "overwrite=true" in argv:
+            continue
+        code, err = run("bridges.train", [*argv, "dry_run=true"], paths, capsys)
+        assert code == 2 and piece in err, (argv, err)
+    assert bridges.train.main(["dry_run=true", f"output_dir={paths['tmp']}/ok"]) == 0
