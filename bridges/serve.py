@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from bridges.client.http_bodies import response_json, split_kwargs
-from bridges.config import parse_config, run_cli
+from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
 
 ENGINES: dict[str, str] = {"hf": "adapters.hf:HFEngine", "vllm": "adapters.vllm:VLLMEngine"}
@@ -33,30 +35,95 @@ ENGINES: dict[str, str] = {"hf": "adapters.hf:HFEngine", "vllm": "adapters.vllm:
 class ServeConfig:
     """Options of ``python -m bridges.serve`` (``key=value`` on the command line)."""
 
-    model: str = "tiny"  # "tiny", a local folder or a hub id
-    engine: str = "hf"  # a key of ENGINES
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None  # required to bind a non-loopback host
-    served_model_name: str | None = None  # the name /v1/models reports (default: model)
-    request_timeout: float = 600.0
-    tool_parser: str = "hermes"  # hermes | llama3_json
-    device: str = "cpu"
-    max_batch_size: int = 64
-    log_level: str = "warning"
+    model: str = option("tiny", help="'tiny', a local folder or a hub id")
+    engine: str = option("hf", choices=tuple(ENGINES), help="the engine behind the server")
+    host: str = option("127.0.0.1", help="bind address; a non-loopback one requires api_key")
+    port: int = option(8000, ge=0, le=65535, help="port (0: a free one)")
+    api_key: str | None = option(None, help="required as 'Authorization: Bearer <key>' when set")
+    served_model_name: str | None = option(
+        None, help="the model name(s) clients send, comma-separated; default: model"
+    )
+    request_timeout: float = option(600.0, gt=0.0, help="seconds an engine call may take")
+    tool_parser: str = option(
+        "hermes", choices=("hermes", "llama3_json"), help="tool-call format of the model"
+    )
+    device: str = option("cpu", help="torch device of the hf engine")
+    max_batch_size: int = option(64, ge=1, help="hf engine: sequences decoded together")
+    max_body_bytes: int = option(8 * 1024 * 1024, ge=1024, help="larger request bodies are refused with 413")
+    max_n: int = option(16, ge=1, help="the largest n a request may ask for")
+    access_log: bool = option(True, help="one line per request on stderr: method, path, status, latency")
+    log_level: str = option("warning", help="uvicorn's log level")
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What the HTTP layer enforces on top of the client's own argument checks."""
+
+    model_names: tuple[str, ...] = ()  # empty: the client's model_name
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_n: int = 16
+    access_log: bool = False
 
 
 def _error_response(
-    status: int, message: str, code: str | None = None, type_: str = "invalid_request_error"
+    status: int,
+    message: str,
+    code: str | None = None,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
 ) -> Any:
     from starlette.responses import JSONResponse
 
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
 
-def create_app(client: Any, api_key: str | None = None) -> Any:
-    """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``."""
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Any, limit: int) -> bytes:
+    """The body, refused past ``limit`` bytes whatever Content-Length claims (it may lie or be absent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _access_log(app: Any) -> Any:
+    """ASGI middleware: one stderr line per request (method, path, status, milliseconds)."""
+
+    async def logged(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), [0]
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, capture)
+        finally:
+            elapsed = (time.perf_counter() - started) * 1000
+            print(
+                f"{scope['method']} {scope['path']} {status[0]} {elapsed:.1f}ms", file=sys.stderr, flush=True
+            )
+
+    return logged
+
+
+def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
+    """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
+    ``/health`` and ``/openapi.json``. Every client error is a 4xx in OpenAI's error shape."""
     from openai.resources.chat.completions import AsyncCompletions as SDKChatCompletions
     from openai.resources.completions import AsyncCompletions as SDKCompletions
     from starlette.applications import Starlette
@@ -65,7 +132,10 @@ def create_app(client: Any, api_key: str | None = None) -> Any:
     from starlette.routing import Route
 
     from bridges.client.api_errors import error_body
+    from bridges.serve_schema import openapi_document
 
+    limits = limits or ServeLimits()
+    names = list(limits.model_names or (client.model_name,))
     expected = f"Bearer {api_key}".encode() if api_key else None
 
     def unauthorized(request: Request) -> Response | None:
@@ -78,53 +148,108 @@ def create_app(client: Any, api_key: str | None = None) -> Any:
             401, "missing or wrong API key: send 'Authorization: Bearer <api_key>'.", "invalid_api_key"
         )
 
-    async def run(request: Request, create: Any, sdk_create: Any) -> Response:
-        denied = unauthorized(request)
-        if denied is not None:
-            return denied
+    async def read_request(request: Request, required: tuple[str, ...]) -> dict[str, Any] | Response:
+        """The JSON object of a request, or the 4xx that refuses it."""
         try:
-            body = await request.json()
-        except ValueError:
+            raw = await _read_body(request, limits.max_body_bytes)
+        except _BodyTooLarge:
+            return _error_response(
+                413,
+                f"the request body is larger than {limits.max_body_bytes} bytes (max_body_bytes).",
+                "body_too_large",
+            )
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            return _error_response(400, "the request body is nested too deeply.")
+        except (ValueError, UnicodeDecodeError):
             return _error_response(400, "the request body is not valid JSON.")
         if not isinstance(body, dict):
             return _error_response(400, "the request body must be a JSON object.")
+        for key in required:
+            if key not in body or body[key] is None:
+                return _error_response(400, f"'{key}' is required.", param=key)
+        if not isinstance(body["model"], str) or body["model"] not in names:
+            return _error_response(
+                404, f"the model '{body['model']!s:.80}' does not exist; this server serves {', '.join(names)}.",
+                "model_not_found", param="model",
+            )  # fmt: skip
+        n = body.get("n")
+        if isinstance(n, int) and not isinstance(n, bool) and n > limits.max_n:
+            return _error_response(
+                400, f"'n' must be at most {limits.max_n} on this server (max_n).", param="n"
+            )
+        return body
+
+    async def run(request: Request, create: Any, sdk_create: Any, required: tuple[str, ...]) -> Response:
+        denied = unauthorized(request)
+        if denied is not None:
+            return denied
+        body = await read_request(request, required)
+        if isinstance(body, Response):
+            return body
         try:
             response = await create(**split_kwargs(body, sdk_create))
-        except TypeError as exc:  # a missing required argument, as the SDK would report it
-            return _error_response(400, str(exc))
+        except TypeError as exc:  # an argument the SDK's create does not take, as the SDK would report it
+            return _error_response(400, " ".join(str(exc).split()))
+        except RecursionError:
+            return _error_response(400, "the request is nested too deeply.")
         except Exception as exc:
             status, payload = error_body(exc)
             return JSONResponse(payload, status_code=status)
         return JSONResponse(response_json(response))
 
     async def chat(request: Request) -> Response:
-        return await run(request, client.chat.completions.create, SDKChatCompletions.create)
+        return await run(
+            request, client.chat.completions.create, SDKChatCompletions.create, ("model", "messages")
+        )
 
     async def completions(request: Request) -> Response:
-        return await run(request, client.completions.create, SDKCompletions.create)
+        return await run(request, client.completions.create, SDKCompletions.create, ("model", "prompt"))
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "rl-bridges"}
 
     async def models(request: Request) -> Response:
         denied = unauthorized(request)
         if denied is not None:
             return denied
-        page = await client.models.list()
-        return JSONResponse({"object": "list", "data": [m.model_dump(mode="json") for m in page.data]})
+        return JSONResponse({"object": "list", "data": [model_card(name) for name in names]})
+
+    async def model(request: Request) -> Response:
+        denied = unauthorized(request)
+        if denied is not None:
+            return denied
+        name = request.path_params["model"]
+        if name not in names:
+            return _error_response(
+                404, f"the model '{name:.80}' does not exist.", "model_not_found", param="model"
+            )
+        return JSONResponse(model_card(name))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": client.model_name})
 
+    document = openapi_document(names, limits.max_n)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error_response(
-            404, f"{request.method} {request.url.path} is not served here.", type_="not_found"
+            404, f"{request.method} {request.url.path:.200} is not served here.", type_="not_found"
         )
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    return _access_log(app) if limits.access_log else app
 
 
 def is_loopback(host: str) -> bool:
@@ -198,20 +323,19 @@ def serve_in_thread(
     port: int = 0,
     api_key: str | None = None,
     log_level: str = "warning",
+    limits: ServeLimits | None = None,
 ) -> ServerThread:
     """Serve ``client`` on ``host:port`` (0 = a free port) in a background thread; returns the handle."""
     check_bind(host, api_key)
-    return ServerThread(create_app(client, api_key=api_key), host=host, port=port, log_level=log_level)
+    app = create_app(client, api_key=api_key, limits=limits)
+    return ServerThread(app, host=host, port=port, log_level=log_level)
 
 
 def build_engine(config: ServeConfig) -> Any:
     """The engine named by ``config.engine`` (imported lazily; a missing backend is one sentence)."""
     import importlib
 
-    target = ENGINES.get(config.engine)
-    if target is None:
-        raise ConfigError(f"unknown engine '{config.engine}'; choose one of: {', '.join(ENGINES)}.")
-    module_name, cls_name = target.split(":")
+    module_name, cls_name = ENGINES[config.engine].split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -230,14 +354,19 @@ def main(argv: list[str] | None = None) -> int:
 
     config = parse_config(ServeConfig, sys.argv[1:] if argv is None else argv)
     check_bind(config.host, config.api_key)
+    names = tuple(n.strip() for n in (config.served_model_name or config.model).split(",") if n.strip())
+    if not names:
+        raise ConfigError("served_model_name names no model; give one name or comma-separated names.")
+    if config.engine == "hf":
+        from bridges.preflight import check_model
+
+        check_model(config.model)
     engine = build_engine(config)
     client = EngineClient(
-        engine,
-        model_name=config.served_model_name or config.model,
-        request_timeout=config.request_timeout,
-        tool_parser=config.tool_parser,
+        engine, model_name=names[0], request_timeout=config.request_timeout, tool_parser=config.tool_parser
     )
-    app = create_app(client, api_key=config.api_key)
+    limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log)
+    app = create_app(client, api_key=config.api_key, limits=limits)
     print(
         f"serving '{client.model_name}' ({config.engine} engine) at http://{config.host}:{config.port}/v1",
         flush=True,

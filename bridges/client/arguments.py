@@ -11,6 +11,8 @@ Names the SDK's ``create`` does not know at all raise ``TypeError``, exactly as 
 from __future__ import annotations
 
 import inspect
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,9 @@ _NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_ke
 _IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothing to send them over
 _ZERO_OK = frozenset({"presence_penalty", "frequency_penalty"})
 _FALSE_OK = frozenset({"stream", "store", "echo"})
+ROLES = ("system", "user", "assistant", "tool")
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+MAX_TEMPERATURE = 2.0  # OpenAI's range
 
 
 def is_absent(value: Any) -> bool:
@@ -67,16 +72,111 @@ def _bad(message: str, param: str, path: str) -> Exception:
     return bad_request(message, param=param, path=path)
 
 
-def _int(name: str, value: Any, path: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad(f"'{name}' must be an integer >= {minimum}, got {value!r}.", name, path)
+def _int(name: str, value: Any, path: str, minimum: int, maximum: int = 2**63 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise _bad(f"'{name}' must be an integer from {minimum} to {maximum}, got {value!r:.40}.", name, path)
     return value
 
 
 def _number(name: str, value: Any, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(f"'{name}' must be a number, got {value!r}.", name, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"'{name}' must be a finite number, got {value!r:.40}.", name, path)
     return float(value)
+
+
+def _temperature(value: Any, path: str) -> float:
+    temperature = _number("temperature", value, path)
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise _bad(
+            f"'temperature' must be between 0 and {MAX_TEMPERATURE:g}, got {value!r}.", "temperature", path
+        )
+    return temperature
+
+
+def check_text(value: str, param: str, path: str) -> None:
+    """Text a tokenizer can encode: an unpaired surrogate (a lone \\ud800 escape in JSON) cannot."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(
+            f"'{param}' holds an unpaired UTF-16 surrogate, which is not valid text.", param, path
+        ) from None
+
+
+def _check_content(content: Any, param: str, path: str) -> None:
+    if content is None:
+        return
+    if isinstance(content, str):
+        check_text(content, param, path)
+        return
+    if not isinstance(content, (list, tuple)):
+        raise _bad(
+            f"'{param}' must be a string, a list of text parts or null, got {type(content).__name__}.",
+            param,
+            path,
+        )
+    for i, part in enumerate(content):
+        where = f"{param}[{i}]"
+        kind = _field(part, "type")
+        if kind not in TEXT_PART_TYPES:
+            raise _bad(
+                f"'{where}' is a {kind!r:.40} part; this engine takes text only (type 'text').", where, path
+            )
+        text = _field(part, "text")
+        if not isinstance(text, str):
+            raise _bad(f"'{where}.text' must be a string.", f"{where}.text", path)
+        check_text(text, f"{where}.text", path)
+
+
+def _field(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _tools(value: Any, path: str) -> list[dict[str, Any]] | None:
+    """Tool definitions as dicts: a list of {"type": "function", "function": {"name": ...}}."""
+    if not isinstance(value, (list, tuple)):
+        raise _bad("'tools' must be a list of tool definitions.", "tools", path)
+    tools = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in value]
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _bad(
+                f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name': ...}}}}.",
+                f"tools[{i}]",
+                path,
+            )
+        check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]", path)
+    return tools or None
+
+
+def check_messages(messages: list[Any], path: str) -> None:
+    """Every message has a known role, text content and readable tool calls, or a 400 naming the field."""
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) and not hasattr(message, "role"):
+            raise _bad(f"'{where}' must be a message object, got {type(message).__name__}.", where, path)
+        role = _field(message, "role")
+        if role not in ROLES:
+            raise _bad(
+                f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r:.40}.", f"{where}.role", path
+            )
+        _check_content(_field(message, "content"), f"{where}.content", path)
+        calls = _field(message, "tool_calls")
+        if calls is not None and not isinstance(calls, (list, tuple)):
+            raise _bad(f"'{where}.tool_calls' must be a list.", f"{where}.tool_calls", path)
+        for j, call in enumerate(calls or []):
+            function = _field(call, "function")
+            name = _field(function, "name") if function is not None else None
+            arguments = _field(function, "arguments") if function is not None else None
+            if not isinstance(name, str) or not isinstance(arguments, str | dict | None):
+                raise _bad(
+                    f"'{where}.tool_calls[{j}]' needs a function with a string name and string arguments.",
+                    f"{where}.tool_calls[{j}]",
+                    path,
+                )
+            check_text(name, f"{where}.tool_calls[{j}].function.name", path)
+            if isinstance(arguments, str):
+                check_text(arguments, f"{where}.tool_calls[{j}].function.arguments", path)
 
 
 def _stop(value: Any, path: str) -> list[str]:
@@ -169,6 +269,7 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
         messages = list(messages)
     if not messages:
         raise _bad("'messages' must contain at least one message.", "messages", path)
+    check_messages(messages, path)
     params = SamplingParams()
     n = 1
     tools = None
@@ -182,9 +283,7 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
             continue
         if name == "temperature":
             if not is_absent(value):
-                params.temperature = _number(name, value, path)
-                if params.temperature < 0:
-                    raise _bad(f"'temperature' must be >= 0, got {value!r}.", name, path)
+                params.temperature = _temperature(value, path)
         elif name == "max_tokens" or name == "max_completion_tokens":
             if not is_absent(value):
                 value = _int(name, value, path, 1)
@@ -205,10 +304,7 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
                 params.seed = _int(name, value, path, -(2**63))
         elif name == "tools":
             if not is_absent(value):
-                tools = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in value]
-                if not all(isinstance(t, dict) for t in tools):
-                    raise _bad("'tools' must be a list of tool definitions (dicts).", name, path)
-                tools = tools or None
+                tools = _tools(value, path)
         elif name == "tool_choice":
             if is_absent(value) or value == "auto":
                 continue
@@ -260,7 +356,9 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
         and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
     ):
         prompt = list(prompt)
-    elif not isinstance(prompt, str):
+    elif isinstance(prompt, str):
+        check_text(prompt, "prompt", path)
+    else:
         raise _bad(
             "'prompt' must be one string or one list of token ids (batched prompts are not supported; "
             "send one request per prompt).",
@@ -279,9 +377,7 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
             _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
             continue
         if name == "temperature":
-            params.temperature = _number(name, value, path)
-            if params.temperature < 0:
-                raise _bad(f"'temperature' must be >= 0, got {value!r}.", name, path)
+            params.temperature = _temperature(value, path)
         elif name == "max_tokens":
             max_tokens = _int(name, value, path, 1)
         elif name == "n":

@@ -76,7 +76,7 @@ def test_tool_env_masks_the_tool_result_and_matches_the_ledger(
 ):
     from tool_model import ADD_TOOL, TOOL_PROMPT
 
-    cfg, files = compose(tmp_path, tool_model_path, "tool", "sampling.temperature=0.0")
+    cfg, files = compose(tmp_path, tool_model_path, "tool", "sampling.temperature=0.001")  # near-greedy
     client = HFServerClient(str(tool_model_path))
     rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
     assert_trained_ids_are_the_sampled_ids(rows, client)

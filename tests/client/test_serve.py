@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from bridges.errors import ConfigError
-from bridges.serve import ServeConfig, build_engine, check_bind, serve_in_thread
+from bridges.serve import ServeConfig, check_bind, serve_in_thread
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 
@@ -32,7 +32,7 @@ def sdk(server: Any, api_key: str = "unused") -> openai.AsyncOpenAI:
 async def test_stock_sdk_gets_the_same_response_with_extras(served, tok):
     server, client, engine = served
     remote = sdk(server)
-    r1 = await remote.chat.completions.create(model="m", messages=USER, extra_body={"top_k": 4})
+    r1 = await remote.chat.completions.create(model="bridges", messages=USER, extra_body={"top_k": 4})
     assert engine.calls[-1].params.top_k == 4
     assert r1.prompt_token_ids == tok.apply_chat_template(USER, add_generation_prompt=True)["input_ids"]
     choice = r1.choices[0]
@@ -43,11 +43,13 @@ async def test_stock_sdk_gets_the_same_response_with_extras(served, tok):
     assert len(choice.token_logprobs) == len(choice.token_ids) and r1.weight_version == 3
     # the ledger works over HTTP: the second turn extends the first exactly, with zero drift
     follow = [*USER, choice.message, {"role": "user", "content": "Sure?"}]
-    r2 = await remote.chat.completions.create(model="m", messages=follow, extra_body={"return_drift": True})
+    r2 = await remote.chat.completions.create(
+        model="bridges", messages=follow, extra_body={"return_drift": True}
+    )
     history = r1.prompt_token_ids + choice.token_ids
     assert r2.prompt_token_ids[: len(history)] == history
     assert (r2.drift_tokens, r2.drifted_turns) == (0, 0)
-    completion = await remote.completions.create(model="m", prompt="abc", max_tokens=3)
+    completion = await remote.completions.create(model="bridges", prompt="abc", max_tokens=3)
     assert completion.prompt_token_ids == tok.backend_tokenizer.encode("abc").ids
     assert len(completion.choices[0].token_ids) == 3 and completion.choices[0].finish_reason == "length"
     assert [m.id for m in (await remote.models.list()).data] == ["bridges"]
@@ -58,28 +60,28 @@ async def test_errors_are_openai_error_json(served):
     remote = sdk(server)
     with pytest.raises(openai.BadRequestError) as info:
         await remote.chat.completions.create(
-            model="m", messages=USER, response_format={"type": "json_object"}
+            model="bridges", messages=USER, response_format={"type": "json_object"}
         )
     assert info.value.param == "response_format" and "'response_format'" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
-        await remote.chat.completions.create(model="m", messages=USER, extra_body={"min_p": 0.1})
+        await remote.chat.completions.create(model="bridges", messages=USER, extra_body={"min_p": 0.1})
     assert info.value.param == "min_p"
     with pytest.raises(openai.BadRequestError, match="'stream'=True"):
-        await remote.chat.completions.create(model="m", messages=USER, stream=True)
+        await remote.chat.completions.create(model="bridges", messages=USER, stream=True)
     engine.max_model_len = 16
     with pytest.raises(openai.BadRequestError) as info:
-        await remote.chat.completions.create(model="m", messages=USER)
+        await remote.chat.completions.create(model="bridges", messages=USER)
     assert info.value.code == "prompt_too_long"
     engine.max_model_len = 4096
     engine.fail_with = RuntimeError("boom")
     with pytest.raises(openai.InternalServerError, match="boom") as info:
-        await remote.chat.completions.create(model="m", messages=USER)
+        await remote.chat.completions.create(model="bridges", messages=USER)
     assert info.value.status_code == 500
     engine.fail_with = None
     client.request_timeout = 0.05
     engine.delay = 0.5
     with pytest.raises(openai.APIStatusError) as info:
-        await remote.chat.completions.create(model="m", messages=USER)
+        await remote.chat.completions.create(model="bridges", messages=USER)
     assert info.value.status_code == 504
 
 
@@ -87,7 +89,7 @@ def test_raw_http_edges(served):
     server, _, _ = served
     with httpx.Client(base_url=server.url) as http:
         assert http.get("/health").json() == {"status": "ok", "model": "bridges"}
-        missing = http.post("/v1/chat/completions", json={"model": "m"})
+        missing = http.post("/v1/chat/completions", json={"model": "bridges"})
         assert missing.status_code == 400 and "'messages'" in missing.json()["error"]["message"]
         assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
         unknown = http.get("/v1/embeddings")
@@ -98,8 +100,8 @@ async def test_api_key_is_required_when_set(make_client):
     client, _ = make_client(["ok"])
     with serve_in_thread(client, api_key="s3cret") as server:
         with pytest.raises(openai.AuthenticationError):
-            await sdk(server, api_key="wrong").chat.completions.create(model="m", messages=USER)
-        r = await sdk(server, api_key="s3cret").chat.completions.create(model="m", messages=USER)
+            await sdk(server, api_key="wrong").chat.completions.create(model="bridges", messages=USER)
+        r = await sdk(server, api_key="s3cret").chat.completions.create(model="bridges", messages=USER)
         assert r.choices[0].message.content == "ok"
         assert httpx.get(f"{server.base_url}/models").status_code == 401
 
@@ -113,8 +115,10 @@ def test_non_loopback_without_api_key_is_refused():
     check_bind("127.0.0.1", None)
     check_bind("::1", None)
     check_bind("localhost", None)
-    with pytest.raises(ConfigError, match="unknown engine 'mlx'"):
-        build_engine(ServeConfig(engine="mlx"))
+    from bridges.config import parse_config
+
+    with pytest.raises(ConfigError, match="engine must be one of hf, vllm; got 'mlx'"):
+        parse_config(ServeConfig, ["engine=mlx"])
 
 
 def test_cli_refuses_an_open_bind_in_one_sentence():

@@ -67,7 +67,7 @@ def test_a_missing_extra_names_the_pip_command(
         (
             "bridges.eval",
             ["env=reverse_text", "num_examples=-3"],
-            "error: num_examples must be positive or -1",
+            "error: num_examples must be at least -1, got -3.",
         ),
         ("bridges.eval", ["bogus=1"], "error: unknown config key 'bogus'"),
         ("bridges.compare", ["backends=[grpo,mlx]"], "error: unknown backend 'mlx' in backends"),
