@@ -44,11 +44,17 @@ def is_verifiers_environment(obj: Any) -> bool:
     return any(cls.__module__.split(".")[0] == "verifiers" for cls in type(obj).__mro__)
 
 
-def wrap(vf_env: Any, env_id: str | None = None, env_args: dict[str, Any] | None = None) -> Any:
+def wrap(
+    vf_env: Any,
+    env_id: str | None = None,
+    env_args: dict[str, Any] | None = None,
+    reward_timeout: float = 60.0,
+) -> Any:
+    """A verifiers environment as ours; ``reward_timeout`` bounds each of its reward function calls."""
     from adapters.verifiers.environment import VerifiersEnvironment
 
     require_verifiers()
-    return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args)
+    return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args, reward_timeout=reward_timeout)
 
 
 def load_vf_environment(module: str, **kwargs: Any) -> Any:

@@ -5,8 +5,9 @@ Rollouts run verifiers' own ``rollout`` (its loop, ``env_response``, stop condit
 ``vf.OpenAIChatCompletionsClient``, whose requests reach ``EngineClient``'s in-process transport.
 The token ids that verifiers' response types drop are recovered from ``recording_responses``: every
 completion the rollout received, in order, becomes one of our ``Turn``s. Scoring calls the
-verifiers rubric on the verifiers states, so group reward functions see the group and errors are
-handled the way verifiers handles them.
+verifiers rubric on the verifiers states, so group reward functions see the group; its reward
+functions are guarded (``reward_guard``) so a raising one marks the rollout ``reward_error`` instead
+of the 0.0 verifiers would score.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import inspect
 import time
 from typing import Any
 
+from adapters.verifiers.reward_guard import ERROR_KEY, guard
 from bridges.envs.base import Environment
 from bridges.messages import to_message_dicts
 from bridges.types import State, StopReason
@@ -28,13 +30,18 @@ _STOP_REASONS = {
 }
 
 
+REWARD_TIMEOUT = 60.0  # seconds per reward call, as bridges.Rubric's default
+
+
 class VerifiersRubric:
     """The face of a verifiers rubric that backends read (names and weights of the reward functions)."""
 
-    def __init__(self, vf_rubric: Any) -> None:
+    def __init__(self, vf_rubric: Any, timeout: float = REWARD_TIMEOUT) -> None:
         self.vf_rubric = vf_rubric
         self.parser = getattr(vf_rubric, "parser", None)
         rubrics = getattr(vf_rubric, "rubrics", None) or [vf_rubric]  # a RubricGroup holds several
+        for rubric in rubrics:  # so a raising reward is a reward_error here, not verifiers' silent 0.0
+            rubric.funcs = [guard(f, timeout) for f in rubric.funcs]
         self._pairs = [
             (f.__name__, float(w)) for r in rubrics for f, w in zip(r.funcs, r.weights, strict=True)
         ]
@@ -59,6 +66,9 @@ class VerifiersRubric:
         else:
             await score(natives)
         for state, native in zip(states, natives, strict=True):
+            failure = native.get(ERROR_KEY)
+            if failure and not state.errored:
+                state.stop_reason, state.error = StopReason.REWARD_ERROR.value, failure
             if state.errored:
                 state.reward = None
                 continue
@@ -69,13 +79,18 @@ class VerifiersRubric:
 
 class VerifiersEnvironment(Environment):
     def __init__(
-        self, vf_env: Any, *, env_id: str | None = None, env_args: dict[str, Any] | None = None
+        self,
+        vf_env: Any,
+        *,
+        env_id: str | None = None,
+        env_args: dict[str, Any] | None = None,
+        reward_timeout: float = REWARD_TIMEOUT,
     ) -> None:
         self.vf_env = vf_env
         super().__init__(
             dataset=(lambda: vf_env.get_dataset()) if getattr(vf_env, "dataset", None) is not None else None,
             eval_dataset=(lambda: vf_env.get_eval_dataset()),
-            rubric=VerifiersRubric(vf_env.rubric),  # type: ignore[arg-type]
+            rubric=VerifiersRubric(vf_env.rubric, reward_timeout),  # type: ignore[arg-type]
             sampling_args=dict(getattr(vf_env, "sampling_args", None) or {}),
             env_id=env_id,
             env_args=env_args,

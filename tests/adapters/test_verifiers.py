@@ -125,3 +125,30 @@ def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
     trace = json.loads((tmp_path / "vf" / "traces.jsonl").read_text().splitlines()[0])
     assert trace["provenance"]["env_id"] == "vf:vf_fixture_envs" and len(trace["turns"]) == 3
     del sys.modules["vf_fixture_envs"]
+
+
+async def test_a_raising_nan_or_hung_verifiers_reward_is_a_reward_error_not_a_zero(client: Any):
+    import vf_fixture_envs
+
+    from adapters.verifiers import wrap
+    from adapters.verifiers.environment import VerifiersRubric
+
+    env = wrap(vf_fixture_envs.load_faulty_environment(), env_id="vf:faulty", reward_timeout=1.0)
+    assert isinstance(env.rubric, VerifiersRubric)
+    result = await env.evaluate(client, "tiny", num_examples=6, rollouts_per_example=2, progress=False)
+    by_answer = {}
+    for state in result.states:
+        by_answer.setdefault(state.answer, []).append(state)
+    expected = {
+        "1": "reward function 'picky' raised ValueError: picky cannot parse this",
+        "2": "reward function 'picky' returned nan, which is not a finite number.",
+        "3": "reward function 'picky' raised TimeoutError: reward function 'picky' did not finish within 1.0 s.",
+        "4": "reward function 'group_breaks_on_four' raised RuntimeError: group function failed",
+    }
+    for answer, error in expected.items():
+        for state in by_answer[answer]:
+            assert state.stop_reason == "reward_error" and state.reward is None and state.error == error
+    for answer in ("0", "5"):
+        for state in by_answer[answer]:
+            assert state.error is None and state.reward == pytest.approx(1.5)
+    assert result.summary()["num_errored"] == 8  # verifiers alone would have said 0
