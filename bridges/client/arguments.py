@@ -35,6 +35,7 @@ _IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothi
 _ZERO_OK = frozenset({"presence_penalty", "frequency_penalty"})
 _FALSE_OK = frozenset({"stream", "store", "echo"})
 ROLES = ("system", "user", "assistant", "tool")
+_ROLE_SET = frozenset(ROLES)
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 
@@ -150,8 +151,16 @@ def _tools(value: Any, path: str) -> list[dict[str, Any]] | None:
 
 
 def check_messages(messages: list[Any], path: str) -> None:
-    """Every message has a known role, text content and readable tool calls, or a 400 naming the field."""
+    """Every message has a known role, text content and readable tool calls, or a 400 naming the field.
+
+    On every call's hot path: a plain dict with a known role and ASCII text and no tool calls (most
+    messages) is accepted after three lookups; anything else takes the full check.
+    """
     for i, message in enumerate(messages):
+        if type(message) is dict and message.get("role") in _ROLE_SET and "tool_calls" not in message:
+            content = message.get("content")
+            if type(content) is str and content.isascii():
+                continue
         where = f"messages[{i}]"
         if not isinstance(message, dict) and not hasattr(message, "role"):
             raise _bad(f"'{where}' must be a message object, got {type(message).__name__}.", where, path)

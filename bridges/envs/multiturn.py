@@ -19,7 +19,7 @@ from bridges.envs.base import Environment
 from bridges.errors import PromptTooLongError
 from bridges.messages import to_message_dict, to_message_dicts
 from bridges.types import Messages, State, StopReason, Turn
-from bridges.usercode import HOOKS, call_user
+from bridges.usercode import call_user
 
 F = TypeVar("F", bound=Callable[..., Any])
 _STOP_ATTR = "__bridges_stop__"
@@ -244,8 +244,8 @@ class MultiTurnEnv(Environment):
             await self._model_turn(state, client, model, args)
 
     async def _hook(self, hook: Any, *args: Any, what: str) -> Any:
-        """An environment hook bounded by ``hook_timeout``; sync hooks run one at a time on a daemon thread."""
-        return await call_user(hook, *args, timeout=self.hook_timeout, what=what, pool=HOOKS)
+        """An environment hook bounded by ``hook_timeout`` (sync hooks on the loop, under the watchdog)."""
+        return await call_user(hook, *args, timeout=self.hook_timeout, what=what, inline=True)
 
     async def _model_turn(self, state: State, client: Any, model: str, args: dict[str, Any]) -> None:
         kwargs = dict(args)

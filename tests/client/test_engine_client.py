@@ -121,10 +121,17 @@ async def test_unknown_keyword_is_a_type_error_like_the_sdk(make_client):
 
 async def test_bad_messages_are_bad_requests(make_client):
     client, _ = make_client()
-    for messages in ([], "hello", [{"content": "no role"}]):
+    cases = [
+        ([], "messages"),
+        ("hello", "messages"),
+        ([{"content": "no role"}], "messages[0].role"),
+        ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "messages[1].role"),
+        ([{"role": "user", "content": {"text": "a dict"}}], "messages[0].content"),
+    ]
+    for messages, param in cases:
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model="m", messages=messages)
-        assert info.value.param == "messages"
+        assert info.value.param == param
 
 
 async def test_prompt_too_long_has_its_code(make_client):

@@ -115,3 +115,45 @@ async def test_async_hooks_are_bounded_and_a_timeout_counts_from_when_a_thread_p
         *(call_user(time.sleep, 0.1, timeout=0.3, what=f"call {i}", pool=pool) for i in range(5))
     )  # 0.5 s of queueing in total, yet none times out
     assert results == [None] * 5
+
+
+async def test_sync_env_hooks_run_on_the_loop_and_the_watchdog_interrupts_them():
+    from datasets import Dataset
+
+    import bridges as br
+
+    class Stubborn(br.MultiTurnEnv):
+        def env_response(self, messages, state):  # sync, on the loop thread
+            n = 0
+            while state.info.get("case") == "busy":  # pure Python busy loop
+                n += 1
+            while state.info.get("case") == "swallows":
+                try:  # noqa: SIM105 - a user's swallow-everything loop, written the usual way
+                    time.sleep(0.01)
+                except Exception:  # cannot swallow the interruption: it is a BaseException
+                    pass
+            return [{"role": "user", "content": "again"}]
+
+    class Echo:
+        class chat:  # noqa: N801 - the shape of client.chat.completions
+            class completions:  # noqa: N801
+                @staticmethod
+                async def create(**kwargs):
+                    return {
+                        "choices": [
+                            {"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}
+                        ]
+                    }
+
+    rows = [{"question": "q", "info": {"case": case}} for case in ("busy", "swallows", "ok")]
+    env = Stubborn(dataset=Dataset.from_list(rows), max_turns=2, hook_timeout=0.3)
+    started = time.monotonic()
+    result = await env.generate(rows, Echo(), "m", progress=False)
+    assert time.monotonic() - started < 5
+    busy, swallows, ok = result.states
+    for state in (busy, swallows):
+        assert state.stop_reason == "env_error"
+        assert state.error == "env_response raised UserCodeTimeout: env_response did not finish within 0.3 s."
+    assert ok.error is None and ok.stop_reason == "max_turns" and len(ok.turns) == 2
+    time.sleep(0.3)  # nothing fires after the hooks let go: the loop goes on undisturbed
+    assert await call_user(lambda: "fine", timeout=1.0, what="after", inline=True) == "fine"
