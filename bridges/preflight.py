@@ -22,7 +22,7 @@ from bridges.errors import BridgesError, ConfigError
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # what makes a folder a run: a run started into it would truncate or append to these
-RUN_FILES = ("metrics.jsonl", "traces.jsonl", "checkpoints", "checkpoints.jsonl", "config.yaml")
+RUN_FILES = ("metrics.jsonl", "traces.jsonl", "checkpoints", "checkpoints.jsonl")
 
 
 def build_environment(env_id: str, env_args: dict[str, Any]) -> Any:
@@ -73,6 +73,33 @@ def check_model(model: str) -> None:
                 f"model '{model}' is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE "
                 "is set; pass a local checkpoint folder."
             )
+
+
+def check_lora_targets(model: str, targets: list[str]) -> None:
+    """LoRA's target modules exist in the model, checked on an empty (meta-device) copy built from its
+    config alone, so no weights load; peft's own error would come only after the model loaded."""
+    if not targets:
+        raise ConfigError(
+            "trainer.lora_target_modules is empty; name the modules LoRA adapts (e.g. [q_proj,v_proj])."
+        )
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bridges.tiny import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(model))
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    present = {name.rsplit(".", 1)[-1] for name, _ in skeleton.named_modules()}
+    missing = sorted(set(targets) - present)
+    if missing:
+        linear = sorted(
+            n for n in present if n.endswith("proj") or n in ("lm_head", "c_attn", "c_proj", "fc1", "fc2")
+        )
+        raise ConfigError(
+            f"trainer.lora_target_modules names {', '.join(missing)}, which model '{model}' does not have; "
+            f"its projection modules are {', '.join(linear) or 'none'}."
+        )
 
 
 def check_writable_folder(path: Path, key: str) -> None:

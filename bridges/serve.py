@@ -265,7 +265,7 @@ def check_bind(host: str, api_key: str | None) -> None:
     if not is_loopback(host) and not api_key:
         raise ConfigError(
             f"refusing to serve on non-loopback host '{host}' without an api_key; set api_key=<secret> "
-            f"(clients then send it as a Bearer token) or bind host=127.0.0.1."
+            f"(every client must then send it) or bind host=127.0.0.1."
         )
 
 

@@ -30,9 +30,9 @@ from bridges.train_config import TrainConfig
 
 def validate(config: TrainConfig, runner: Any) -> None:
     """Every check that needs no model: names, environment and data, folders, then the backend's own."""
-    check_run_name(config.resolved_run_name)
     env = build_environment(config.env, config.env_args)
     check_dataset(env, "train", config.env)
+    check_run_name(config.resolved_run_name)
     check_writable_folder(Path(config.output_dir), "output_dir")
     run_dir = Path(config.output_dir) / config.resolved_run_name
     claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=True)

@@ -120,4 +120,6 @@ class TrainConfig:
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or re.sub(r"[^A-Za-z0-9._+-]+", "-", f"{self.backend}-{self.env}").strip("-.")
+        if self.run_name:
+            return self.run_name
+        return re.sub(r"[^A-Za-z0-9._+-]+|\.\.+", "-", f"{self.backend}-{self.env}").strip("-.")

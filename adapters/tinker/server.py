@@ -36,7 +36,7 @@ from fastapi import FastAPI, Request  # module level: FastAPI resolves the handl
 from fastapi.responses import JSONResponse, Response
 
 from adapters.tinker.local_model import LocalModel, LoraPolicy
-from bridges.config import parse_config, run_cli
+from bridges.config import option, parse_config, run_cli
 from bridges.state_files import (
     flatten_optimizer,
     load_tensors,
@@ -68,14 +68,14 @@ def plain_name(value: Any, what: str) -> str:
 
 @dataclass
 class TinkerServerConfig:
-    model: str = "tiny"  # "tiny", a local checkpoint folder or a hub id
-    model_name: str | None = None  # the base_model name clients ask for (default: model)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "cpu"
-    root: str = "runs/tinker-server"  # where save_state / save_weights_for_sampler write
-    api_key: str | None = None  # required (X-API-Key, as the SDK sends TINKER_API_KEY) when set
-    log_level: str = "warning"
+    model: str = option("tiny", help="'tiny', a local checkpoint folder or a hub id")
+    model_name: str | None = option(None, help="the base_model name clients ask for (default: model)")
+    host: str = option("127.0.0.1", help="bind address; a non-loopback one requires api_key")
+    port: int = option(8000, ge=0, le=65535, help="port (0: a free one)")
+    device: str = option("cpu", help="torch device")
+    root: str = option("runs/tinker-server", help="where saves are written; no path a client names leaves it")
+    api_key: str | None = option(None, help="required as X-API-Key (the SDK's TINKER_API_KEY) when set")
+    log_level: str = option("warning", help="uvicorn's log level")
 
 
 class TinkerState:
@@ -559,10 +559,13 @@ def start_local_server(model: str, root: str | Path, model_name: str | None = No
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from bridges.preflight import check_model, check_writable_folder
     from bridges.serve import check_bind
 
     config = parse_config(TinkerServerConfig, sys.argv[1:] if argv is None else argv)
     check_bind(config.host, config.api_key)
+    check_model(config.model)
+    check_writable_folder(Path(config.root), "root")
     app = create_app(build_state(config), config.api_key)
     print(
         f"local Tinker server for '{config.model_name or config.model}' on http://{config.host}:{config.port}"

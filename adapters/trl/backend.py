@@ -112,12 +112,14 @@ def metrics_callback(logger: Any) -> Any:
 def validate(config: TrainConfig) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
-    from bridges.preflight import check_model
+    from bridges.preflight import check_lora_targets, check_model
     from bridges.registry import load_environment
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "backend=trl")
     check_model(config.model)
+    if config.trainer.lora_rank > 0:
+        check_lora_targets(config.model, config.trainer.lora_target_modules)
     if config.engine not in ("auto", "hf"):
         raise ConfigError(
             f"backend=trl generates with TRL's own engine; set trl.use_vllm=true for vLLM instead of engine={config.engine}."

@@ -81,7 +81,7 @@ def validate(config: TrainConfig) -> None:
     matches how the checkpoint was trained (full weights or a LoRA adapter)."""
     from bridges.errors import ConfigError, require_extra
     from bridges.grpo.checkpoint import intact_checkpoints, is_adapter_checkpoint, no_intact_checkpoint
-    from bridges.preflight import check_model
+    from bridges.preflight import check_lora_targets, check_model
 
     check_model(config.model)
     if config.engine == "vllm":
@@ -92,8 +92,6 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
         )
-    if config.trainer.lora_rank > 0:
-        require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
     if config.resume:
         ckpt_dir = Path(config.output_dir) / config.resolved_run_name / "checkpoints"
         intact, damaged = intact_checkpoints(ckpt_dir)
@@ -105,6 +103,9 @@ def validate(config: TrainConfig) -> None:
                 f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={config.trainer.lora_rank}; "
                 "resume with the lora_rank the run was started with."
             )
+    if config.trainer.lora_rank > 0:
+        require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
+        check_lora_targets(config.model, config.trainer.lora_target_modules)
 
 
 def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:

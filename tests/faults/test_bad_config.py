@@ -152,3 +152,28 @@ def test_dry_run_validates_exactly_like_a_real_run(paths: dict[str, str], capsys
         code, err = run("bridges.train", [*argv, "dry_run=true"], paths, capsys)
         assert code == 2 and piece in err, (argv, err)
     assert bridges.train.main(["dry_run=true", f"output_dir={paths['tmp']}/ok"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "piece"),
+    [
+        (["trainer.lora_rank=4", "trainer.lora_target_modules=[nonexistent]"], "names nonexistent, which model"),
+        (["trainer.lora_rank=4", "trainer.lora_target_modules=[]"], "trainer.lora_target_modules is empty"),
+        (["backend=trl", "dry_run=true", "trainer.lora_rank=4", "trainer.lora_target_modules=[q_proj,zz]"],
+         "names zz, which model 'tiny' does not have; its projection modules are"),
+        (["env=../../etc"], "no environment '../../etc'"),
+    ],
+)  # fmt: skip
+def test_lora_targets_and_path_like_env_ids_are_refused_before_weights_load(
+    argv: list[str], piece: str, paths: dict[str, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tiny_path: Path,
+):  # fmt: skip
+    import transformers
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("weights were loaded before the configuration was validated")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.chdir(paths["tmp"])
+    code, err = run("bridges.train", argv, paths, capsys)
+    assert code == 2 and piece in err and len(err.splitlines()) == 1, err
