@@ -178,7 +178,14 @@ def test_bad_sample_requests_are_one_sentence_4xx(
 def test_malformed_bodies_are_4xx_or_a_terminal_error(hostile: dict[str, Any]):
     http = hostile["http"]
     for endpoint in ("/create_model", "/optim_step", "/save_weights", "/load_weights", "/retrieve_future"):
-        for body in (b"{not json", b"[1, 2]", b'"text"', json.dumps({"model_id": 7, "path": 3}).encode()):
+        deep = b"[" * 6000 + b"]" * 6000
+        for body in (
+            b"{not json",
+            b"[1, 2]",
+            b'"text"',
+            json.dumps({"model_id": 7, "path": 3}).encode(),
+            deep,
+        ):
             answer = http.post(endpoint, content=body, headers={"content-type": "application/json"})
             if answer.status_code == 200:  # a promise (extra keys are ignored): its answer is no 500 either
                 assert endpoint in ("/create_model", "/load_weights"), (endpoint, body, answer.text)
