@@ -118,28 +118,20 @@ def run(
     return int(info.value.code), capsys.readouterr().err.strip()
 
 
-@pytest.mark.parametrize(("argv", "piece"), TRAIN, ids=[" ".join(c[0]) for c in TRAIN])
-def test_train_refuses_bad_config_before_loading_anything(
-    argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
+CASES = [("bridges.train", *case) for case in TRAIN] + [("bridges.eval", *case) for case in EVAL]
+WRITES = {"bridges.train": "runs", "bridges.eval": "outputs"}  # what a started run would have created
+
+
+@pytest.mark.parametrize(("module", "argv", "piece"), CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_bad_config_is_refused_before_anything_loads(
+    module: str, argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ):  # fmt: skip
     monkeypatch.chdir(paths["tmp"])
-    code, err = run("bridges.train", argv, paths, capsys)
+    code, err = run(module, argv, paths, capsys)
     assert code == 2 and err.startswith("error: ") and piece in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not (Path(paths["tmp"]) / "runs").exists()  # nothing was started or written
-
-
-@pytest.mark.parametrize(("argv", "piece"), EVAL, ids=[" ".join(c[0]) for c in EVAL])
-def test_eval_refuses_bad_config_before_loading_anything(
-    argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-):  # fmt: skip
-    monkeypatch.chdir(paths["tmp"])
-    code, err = run("bridges.eval", argv, paths, capsys)
-    assert code == 2 and err.startswith("error: ") and piece in err, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not (Path(paths["tmp"]) / "outputs").exists()
+    assert not (Path(paths["tmp"]) / WRITES[module]).exists()  # nothing was started or written
 
 
 def test_dry_run_validates_exactly_like_a_real_run(paths: dict[str, str], capsys: pytest.CaptureFixture[str]):
