@@ -9,10 +9,11 @@ the process alive. Three cases, three mechanisms:
   overlap, and a stop condition is checked several times a turn, where a thread hop would cost
   ~250 us under load (10,000 concurrent rollouts took 32 s instead of 15 s). ``run_inline`` bounds
   them with a watchdog thread that raises ``HookInterrupted`` (a BaseException, so a user's
-  ``except Exception`` cannot swallow it) inside the loop thread once the deadline passes, and again
-  every ``WATCHDOG_POLL_S`` until the hook lets go. Limit: a hook blocked inside one C call (a socket
-  read with no timeout, ``Event.wait()``) is interrupted only when that call returns; blocking I/O
-  belongs in an async hook or behind its own timeout.
+  ``except Exception`` cannot swallow it) inside the loop thread once the deadline passes, once per
+  call, so an interruption that lands just as the hook returns can never repeat into unrelated
+  code. Limits: a hook blocked inside one C call (a socket read with no timeout, ``Event.wait()``)
+  is interrupted only when that call returns, and a bare ``except:`` in the hook can swallow the
+  interruption; blocking I/O belongs in an async hook or behind its own timeout.
 - Sync rewards and tools run on a daemon thread from a pool this module owns (they may block on I/O,
   and a group's rewards run in parallel). ``concurrent.futures`` joins its threads at interpreter
   exit and ``asyncio.run`` joins the default executor, so one thread stuck there hangs the process
@@ -67,13 +68,17 @@ class InlineWatchdog:
                 return func(*args)
             finally:  # a hook that returned right at its deadline keeps its result
                 self._disarm(token)
-        except HookInterrupted:
+        except HookInterrupted:  # in the hook, or in the few bytecodes between its return and _disarm
             raise UserCodeTimeout(f"{what} did not finish within {timeout} s.") from None
 
     def _arm(self, timeout: float) -> int:
         token = next(self._tokens)
+        tid = threading.get_ident()
         with self._lock:
-            self._armed[threading.get_ident()] = (token, time.monotonic() + timeout)
+            stale = self._armed.get(tid)
+            if stale is not None:  # a previous call interrupted before it could disarm
+                self._fired.discard(stale[0])
+            self._armed[tid] = (token, time.monotonic() + timeout)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name="bridges-hook-watchdog", daemon=True)
                 self._thread.start()
@@ -101,7 +106,7 @@ class InlineWatchdog:
             now = time.monotonic()
             with self._lock:
                 for tid, (token, deadline) in self._armed.items():
-                    if now >= deadline:
+                    if now >= deadline and token not in self._fired:
                         self._fired.add(token)
                         _set_async_exc(tid, HookInterrupted)
 

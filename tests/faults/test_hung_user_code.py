@@ -157,3 +157,23 @@ async def test_sync_env_hooks_run_on_the_loop_and_the_watchdog_interrupts_them()
     assert ok.error is None and ok.stop_reason == "max_turns" and len(ok.turns) == 2
     time.sleep(0.3)  # nothing fires after the hooks let go: the loop goes on undisturbed
     assert await call_user(lambda: "fine", timeout=1.0, what="after", inline=True) == "fine"
+
+
+async def test_the_watchdog_fires_once_per_call_and_leaves_nothing_pending():
+    from bridges.usercode import HookInterrupted
+
+    caught = []
+
+    def swallows_everything() -> str:
+        deadline = time.monotonic() + 0.6
+        while time.monotonic() < deadline:
+            try:
+                time.sleep(0.01)
+            except HookInterrupted:  # a bare-except style hook: it swallows the one interruption
+                caught.append(1)
+        return "done"
+
+    assert await call_user(swallows_everything, timeout=0.1, what="swallower", inline=True) == "done"
+    assert caught == [1]  # fired once, never again into the same call
+    time.sleep(0.3)  # and nothing left pending: plain code after it runs undisturbed
+    assert sum(range(100_000)) == 4_999_950_000
