@@ -16,9 +16,9 @@ from bridges.errors import ConfigError
 
 BUILTIN_BACKENDS: dict[str, str] = {
     "grpo": "bridges.grpo.trainer:run",
-    "trl": "adapters.trl.backend:run",
-    "verl": "adapters.verl.launch:run",
-    "tinker": "adapters.tinker.backend:run",
+    "trl": "bridges.adapters.trl.backend:run",
+    "verl": "bridges.adapters.verl.launch:run",
+    "tinker": "bridges.adapters.tinker.backend:run",
 }
 
 ENTRY_POINT_GROUP = "rl_bridges.backends"

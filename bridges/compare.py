@@ -71,7 +71,7 @@ def check(config: CompareConfig) -> None:
 @contextlib.asynccontextmanager
 async def backend_client(name: str, config: CompareConfig, model_path: str) -> Any:
     """An ``EngineClient`` over the engine ``name`` trains with (and the label of that engine)."""
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     if name in ("grpo", "trl"):
@@ -81,8 +81,8 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
         finally:
             await engine.aclose()
     elif name == "verl":
-        from adapters.verl.engine import VerlServerEngine
-        from adapters.verl.local_server import HFServerManager
+        from bridges.adapters.verl.engine import VerlServerEngine
+        from bridges.adapters.verl.local_server import HFServerManager
 
         manager = HFServerManager(model_path)
         base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
@@ -105,13 +105,13 @@ async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, s
     import tinker
     from transformers import AutoTokenizer
 
-    from adapters.tinker.engine import TinkerEngine
+    from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
 
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     server, base_url, base_model = None, config.tinker_base_url, config.model
     if base_url == "local":
-        from adapters.tinker.server import start_local_server
+        from bridges.adapters.tinker.server import start_local_server
 
         server = start_local_server(model_path, Path(config.output) / "tinker", model_name=config.model)
         base_url = server.url

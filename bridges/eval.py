@@ -190,12 +190,12 @@ def format_table(summary: dict[str, Any], header: str, token_ids: bool) -> str:
 def build_client(config: EvalConfig) -> Any:
     """An ``openai.AsyncOpenAI``: the remote endpoint itself, or a local engine behind ``EngineClient``."""
     if config.engine == "openai":
-        from adapters.openai import build_openai_client
+        from bridges.adapters.openai import build_openai_client
 
         return build_openai_client(config.base_url, config.api_key_var)
     import torch
 
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     torch.manual_seed(config.seed)

@@ -18,7 +18,7 @@ from typing import Any
 from bridges.errors import EnvironmentNotFoundError
 
 ENTRY_POINT_GROUP = "rl_bridges.environments"
-BUNDLED_PACKAGE = "environments"
+BUNDLED_PACKAGE = "bridges.environments"
 
 
 def _module_name(env_id: str) -> str:
@@ -90,7 +90,7 @@ def find_loader(env_id: str) -> Callable[..., Any]:
 
 
 VERIFIERS_PREFIX = "vf:"
-VERIFIERS_ADAPTER = "adapters.verifiers"  # imported only when a verifiers environment is asked for
+VERIFIERS_ADAPTER = "bridges.adapters.verifiers"  # imported only when a verifiers environment is asked for
 
 
 def load_environment(env_id: str, **kwargs: Any) -> Any:

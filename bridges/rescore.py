@@ -57,7 +57,7 @@ async def rescore(records: list[dict[str, Any]], env: Any) -> list[dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     from bridges.registry import load_environment
-    from workflows.traces import read_traces
+    from bridges.workflows.traces import read_traces
 
     config = parse_config(RescoreConfig, sys.argv[1:] if argv is None else argv)
     if not config.traces or not config.env:

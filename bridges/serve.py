@@ -28,7 +28,7 @@ from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
 
-ENGINES: dict[str, str] = {"hf": "adapters.hf:HFEngine", "vllm": "adapters.vllm:VLLMEngine"}
+ENGINES: dict[str, str] = {"hf": "bridges.adapters.hf:HFEngine", "vllm": "bridges.adapters.vllm:VLLMEngine"}
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from adapters.hf import HFEngine
 from bridges import EngineClient
+from bridges.adapters.hf import HFEngine
 
 
 async def main() -> None:

@@ -17,7 +17,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from adapters.trl import trl_trainer_kwargs  # rl-bridges
+from bridges.adapters.trl import trl_trainer_kwargs  # rl-bridges
 from bridges.tiny import tiny_model_path
 
 env_id = sys.argv[1] if len(sys.argv) > 1 else "guess_number"

@@ -62,7 +62,7 @@ def tiny_model(tiny_path: Path) -> Any:
 @pytest.fixture
 def hf_engine(tiny_model: Any, tiny_tokenizer: Any) -> Iterator[Any]:
     """A fresh ``HFEngine`` (own stats, queues, weight_version 0) over the shared tiny model."""
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
 
     engine = HFEngine(tiny_model, tiny_tokenizer)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from workflows.types import Episode, Group
+from bridges.workflows.types import Episode, Group
 
 AdvantageMethod = Literal["grpo", "dr_grpo"]
 

@@ -13,8 +13,8 @@ import random
 from collections import Counter
 from typing import Any
 
-from workflows.samples import SampleStats, episode_to_samples, truncate_sample
-from workflows.types import Group, TrainingSample
+from bridges.workflows.samples import SampleStats, episode_to_samples, truncate_sample
+from bridges.workflows.types import Group, TrainingSample
 
 
 @functools.lru_cache(maxsize=4)

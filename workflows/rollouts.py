@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridges.envs.base import Environment, group_sampling_args
-from workflows.advantages import AdvantageMethod, build_group
-from workflows.samples import episode_from_state
-from workflows.types import Group
+from bridges.workflows.advantages import AdvantageMethod, build_group
+from bridges.workflows.samples import episode_from_state
+from bridges.workflows.types import Group
 
 
 async def run_group(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridges.types import State
-from workflows.types import Episode, Step, TrainingSample, Trajectory
+from bridges.workflows.types import Episode, Step, TrainingSample, Trajectory
 
 
 def episode_from_state(state: State) -> Episode:

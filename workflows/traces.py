@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import ConfigError
-from workflows.types import Group
+from bridges.workflows.types import Group
 
 
 class TraceWriter:

@@ -5,6 +5,6 @@ run every layer against with the locally built tiny model. Importing this packag
 and transformers load when an engine is created.
 """
 
-from adapters.hf.engine import EngineStats, HFEngine, InvalidRequestError
+from bridges.adapters.hf.engine import EngineStats, HFEngine, InvalidRequestError
 
 __all__ = ["EngineStats", "HFEngine", "InvalidRequestError"]

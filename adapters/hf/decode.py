@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from adapters.hf.sampling import BatchSampler
+from bridges.adapters.hf.sampling import BatchSampler
 from bridges.types import FinishReason, SamplingParams
 
 

@@ -80,7 +80,7 @@ class HFEngine:
     ) -> None:
         import torch
 
-        from adapters.hf.decode import accepts_logits_to_keep
+        from bridges.adapters.hf.decode import accepts_logits_to_keep
 
         if max_batch_size < 1:
             raise InvalidRequestError(f"max_batch_size must be at least 1, got {max_batch_size}.")
@@ -152,8 +152,8 @@ class HFEngine:
         return await request.future
 
     def _rows(self, prompt_ids: list[int], params: SamplingParams, n: int) -> list[Any]:
-        from adapters.hf.decode import RowRequest
-        from adapters.hf.sampling import row_seed
+        from bridges.adapters.hf.decode import RowRequest
+        from bridges.adapters.hf.sampling import row_seed
 
         prompt = list(prompt_ids)
         if not prompt:
@@ -237,7 +237,7 @@ class HFEngine:
         return batch
 
     def _run_batch(self, rows: list[Any]) -> tuple[list[Any], int]:
-        from adapters.hf.decode import generate_batch
+        from bridges.adapters.hf.decode import generate_batch
 
         with self.weight_lock:
             version = self.weight_version

@@ -124,7 +124,7 @@ def run(config: TrainConfig) -> int:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     server = None
     if options.base_url == "local":
-        from adapters.tinker.server import start_local_server
+        from bridges.adapters.tinker.server import start_local_server
 
         run_dir = Path(config.output_dir) / config.resolved_run_name
         server = start_local_server(config.model, run_dir / "tinker-server")
@@ -141,15 +141,15 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     from tinker import types
     from transformers import AutoTokenizer
 
-    from adapters.tinker.datums import sample_to_datum
-    from adapters.tinker.engine import TinkerEngine
+    from bridges.adapters.tinker.datums import sample_to_datum
+    from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
     from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
-    from workflows.batches import groups_to_samples, rows_at, step_metrics
-    from workflows.rollouts import run_groups
-    from workflows.traces import TraceWriter
+    from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
+    from bridges.workflows.rollouts import run_groups
+    from bridges.workflows.traces import TraceWriter
 
     t = config.trainer
     run_dir = Path(config.output_dir) / config.resolved_run_name

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from workflows.types import TrainingSample
+from bridges.workflows.types import TrainingSample
 
 
 def sample_to_datum(sample: TrainingSample) -> Any:

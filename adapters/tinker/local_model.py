@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from adapters.tinker.losses import datum_loss
+from bridges.adapters.tinker.losses import datum_loss
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -193,7 +193,7 @@ class LocalModel:
     ) -> list[list[SampledSequence]]:
         """Continuations for every ``(prompt, num_samples, sampling_params)`` request, all in one batch,
         with the snapshot ``weights`` (None: the base model). Each row keeps its own parameters and seed."""
-        from adapters.hf.decode import generate_batch
+        from bridges.adapters.hf.decode import generate_batch
 
         rows = [row for prompt, n, params in requests for row in self._rows(prompt, n, params)]
         pad = self.tokenizer.pad_token_id
@@ -210,8 +210,8 @@ class LocalModel:
 
     def _rows(self, prompt: list[int], n: int, params: Mapping[str, Any]) -> list[Any]:
         """Tinker's sampling parameters as decode rows (``stop``: strings or ids; ``[]`` turns EOS off)."""
-        from adapters.hf.decode import RowRequest
-        from adapters.hf.sampling import row_seed
+        from bridges.adapters.hf.decode import RowRequest
+        from bridges.adapters.hf.sampling import row_seed
         from bridges.types import SamplingParams
 
         stop = params.get("stop")

@@ -1,4 +1,4 @@
-"""A local Tinker-compatible server: ``python -m adapters.tinker.server model=tiny [port=8000]``.
+"""A local Tinker-compatible server: ``python -m bridges.adapters.tinker.server model=tiny [port=8000]``.
 
 It implements the endpoints the tinker 0.38 SDK calls (JSON, and protobuf where the SDK demands
 it), backed by a real torch + peft LoRA model (``LocalModel``): sampling with logprobs,
@@ -34,8 +34,8 @@ import torch
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' string annotations here
 from fastapi.responses import JSONResponse, Response
 
-from adapters.tinker.local_model import LocalModel, LoraPolicy
-from adapters.tinker.requests import (
+from bridges.adapters.tinker.local_model import LocalModel, LoraPolicy
+from bridges.adapters.tinker.requests import (
     MAX_LORA_RANK,
     check_adam,
     check_sample_request,
@@ -246,7 +246,7 @@ class TinkerState:
         return request_id
 
     def _drain_samples(self) -> None:
-        from adapters.tinker.wire import sample_response
+        from bridges.adapters.tinker.wire import sample_response
 
         with self._pending_lock:
             batch, self._pending_samples = self._pending_samples, []
@@ -287,7 +287,7 @@ class TinkerState:
                         future.set_exception(exc)
 
     def forward_backward(self, raw: bytes) -> bytes:
-        from adapters.tinker.wire import forward_backward_output, parse_forward_backward
+        from bridges.adapters.tinker.wire import forward_backward_output, parse_forward_backward
 
         fields, data = parse_forward_backward(raw, self.model.vocab_size)
         policy = self.policy(fields["model_id"])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adapters.tinker.local_model import SampledSequence, TrainDatum
+from bridges.adapters.tinker.local_model import SampledSequence, TrainDatum
 
 
 def parse_forward_backward(body: bytes, vocab_size: int) -> tuple[dict[str, Any], list[TrainDatum]]:

@@ -1,6 +1,6 @@
 """TRL 1.16 adapter: any environment inside an existing ``GRPOTrainer`` script.
 
-    from adapters.trl import trl_trainer_kwargs
+    from bridges.adapters.trl import trl_trainer_kwargs
     trainer = GRPOTrainer(model=model, args=GRPOConfig(...), **trl_trainer_kwargs("guess_number"))
 
 Single-turn environments let TRL generate and score through ``trl_reward_funcs``; multi-turn and
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.trl.dataset import ROW_KEY, RowIndex, trl_dataset
-from adapters.trl.rewards import SCORES_KEY, trl_reward_funcs
-from adapters.trl.rollout import trl_rollout_func
+from bridges.adapters.trl.dataset import ROW_KEY, RowIndex, trl_dataset
+from bridges.adapters.trl.rewards import SCORES_KEY, trl_reward_funcs
+from bridges.adapters.trl.rollout import trl_rollout_func
 from bridges.envs.base import Environment
 
 

@@ -24,7 +24,7 @@ from bridges.train_config import TrainConfig, lora_config
 
 def completion_budget(config: TrainConfig, env: Any) -> int:
     """TRL's ``max_completion_length``: the sampling cap, else a single-turn env's own cap, else the trainer's."""
-    from adapters.trl import needs_rollout_func
+    from bridges.adapters.trl import needs_rollout_func
 
     if config.sampling.max_tokens is not None:
         return int(config.sampling.max_tokens)
@@ -134,7 +134,7 @@ def run(config: TrainConfig) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from adapters.trl import trl_trainer_kwargs
+    from bridges.adapters.trl import trl_trainer_kwargs
     from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path

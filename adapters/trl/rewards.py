@@ -88,7 +88,7 @@ class RubricScorer:
     def _score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
     ) -> list[dict[str, Any]]:
-        from adapters.trl.dataset import strip_row_tags
+        from bridges.adapters.trl.dataset import strip_row_tags
 
         skip = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
         per_row = {k: v for k, v in columns.items() if k not in skip and isinstance(v, list)}

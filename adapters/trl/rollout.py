@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from adapters.trl.dataset import RowIndex
-from adapters.trl.rewards import SCORES_KEY, state_scores
+from bridges.adapters.trl.dataset import RowIndex
+from bridges.adapters.trl.rewards import SCORES_KEY, state_scores
 from bridges.asyncutils import run_sync
 from bridges.envs.base import Environment
 from bridges.errors import ConfigError
-from workflows.rollouts import run_group
-from workflows.samples import PromptCompletion, episode_from_state, prompt_completion
+from bridges.workflows.rollouts import run_group
+from bridges.workflows.samples import PromptCompletion, episode_from_state, prompt_completion
 
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
@@ -82,18 +82,18 @@ def trainer_engine(trainer: Any) -> Iterator[Any]:
     if getattr(trainer, "use_vllm", False):
         args = trainer.args
         if args.vllm_mode == "server":
-            from adapters.vllm.server import VLLMServerEngine
+            from bridges.adapters.vllm.server import VLLMServerEngine
 
             base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
             yield VLLMServerEngine(base_url, tokenizer, weight_version=step)
         else:
-            from adapters.vllm.colocate import VLLMColocateEngine
+            from bridges.adapters.vllm.colocate import VLLMColocateEngine
 
             yield VLLMColocateEngine(trainer.vllm_generation.llm, tokenizer, weight_version=step)
         return
     from trl.models import unwrap_model_for_generation
 
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
 
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         was_training = model.training

@@ -51,7 +51,7 @@ def wrap(
     reward_timeout: float = 60.0,
 ) -> Any:
     """A verifiers environment as ours; ``reward_timeout`` bounds each of its reward function calls."""
-    from adapters.verifiers.environment import VerifiersEnvironment
+    from bridges.adapters.verifiers.environment import VerifiersEnvironment
 
     require_verifiers()
     return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args, reward_timeout=reward_timeout)

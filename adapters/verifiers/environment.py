@@ -16,7 +16,7 @@ import inspect
 import time
 from typing import Any
 
-from adapters.verifiers.reward_guard import ERROR_KEY, guard
+from bridges.adapters.verifiers.reward_guard import ERROR_KEY, guard
 from bridges.envs.base import Environment
 from bridges.messages import to_message_dicts
 from bridges.types import State, StopReason
@@ -98,7 +98,7 @@ class VerifiersEnvironment(Environment):
         self.parser = getattr(vf_env, "parser", None) or self.parser
         import verifiers as vf
 
-        from adapters.verifiers import _version_tuple
+        from bridges.adapters.verifiers import _version_tuple
 
         self._wants_task = _version_tuple(str(getattr(vf, "__version__", "0"))) < (0, 1, 13)
 

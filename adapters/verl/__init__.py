@@ -5,7 +5,7 @@ it (``dry_run=true`` works on any machine); ``adapters.verl.agent_loop`` is impo
 workers, from the YAML the launcher writes.
 """
 
-from adapters.verl.dataset import row_from_kwargs, verl_rows, write_verl_parquet
-from adapters.verl.engine import VerlServerEngine
+from bridges.adapters.verl.dataset import row_from_kwargs, verl_rows, write_verl_parquet
+from bridges.adapters.verl.engine import VerlServerEngine
 
 __all__ = ["VerlServerEngine", "row_from_kwargs", "verl_rows", "write_verl_parquet"]

@@ -29,12 +29,12 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from adapters.verl.dataset import row_from_kwargs
-from adapters.verl.engine import VerlServerEngine
+from bridges.adapters.verl.dataset import row_from_kwargs
+from bridges.adapters.verl.engine import VerlServerEngine
 from bridges.asyncutils import describe_exception
 from bridges.envs.base import Environment
 from bridges.types import StopReason
-from workflows.samples import episode_from_state, prompt_completion
+from bridges.workflows.samples import episode_from_state, prompt_completion
 
 BUDGET_EXHAUSTED = "response_length"  # stop reason of a trajectory cut by rollout.response_length
 _ENVIRONMENTS: dict[str, Environment] = {}

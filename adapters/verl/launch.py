@@ -28,7 +28,7 @@ from typing import Any
 from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig
 
-AGENT_LOOP_TARGET = "adapters.verl.agent_loop.BridgesAgentLoop"
+AGENT_LOOP_TARGET = "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
 MICRO_BATCH_PER_GPU = (
     4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
 )
@@ -139,7 +139,7 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
     """Write the data and the loop registration; return the command and the files."""
     from transformers import AutoTokenizer
 
-    from adapters.verl.dataset import write_verl_parquet
+    from bridges.adapters.verl.dataset import write_verl_parquet
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 

@@ -39,7 +39,7 @@ class HFServerManager:
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
     ) -> Any:
-        from adapters.hf import HFEngine
+        from bridges.adapters.hf import HFEngine
 
         if self.engine is None:
             self.engine = HFEngine.from_pretrained(self.model_path)

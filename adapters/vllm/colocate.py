@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from adapters.vllm.engine import samples_from_output, sampling_kwargs
+from bridges.adapters.vllm.engine import samples_from_output, sampling_kwargs
 from bridges.types import Sample, SamplingParams
 
 

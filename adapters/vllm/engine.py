@@ -83,7 +83,7 @@ class VLLMEngine:
         args = {
             "model": path,
             "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": "adapters.vllm.worker_extension.WeightSyncExtension",
+            "worker_extension_cls": "bridges.adapters.vllm.worker_extension.WeightSyncExtension",
             "gpu_memory_utilization": 0.5,  # leave room for the trainer on the same GPU
             "enable_prefix_caching": True,
             **({"enable_lora": True, "max_lora_rank": lora_rank} if lora_rank > 0 else {}),

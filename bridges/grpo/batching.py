@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workflows.types import TrainingSample
+from bridges.workflows.types import TrainingSample
 
 
 @dataclass

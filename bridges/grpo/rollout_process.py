@@ -29,11 +29,11 @@ def _worker_main(conn: Any, config: Any, shared: dict[str, torch.Tensor], lock: 
     """The child: build the environment and the engine, then answer requests until told to stop."""
     try:
         torch.set_num_threads(1)
-        from adapters.hf import HFEngine
+        from bridges.adapters.hf import HFEngine
         from bridges.client import EngineClient
         from bridges.grpo.trainer import load_policy
         from bridges.registry import load_environment
-        from workflows.rollouts import run_groups
+        from bridges.workflows.rollouts import run_groups
 
         t = config.trainer
         env = load_environment(config.env, **config.env_args)

@@ -48,10 +48,10 @@ from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_che
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.metrics import MetricsLogger, finish_run
 from bridges.train_config import TrainConfig, lora_config
-from workflows.batches import groups_to_samples, rows_at, step_metrics
-from workflows.rollouts import run_groups
-from workflows.traces import TraceWriter
-from workflows.types import Group, TrainingSample
+from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
+from bridges.workflows.rollouts import run_groups
+from bridges.workflows.traces import TraceWriter
+from bridges.workflows.types import Group, TrainingSample
 
 MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
 
@@ -114,10 +114,10 @@ def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) ->
     if choice == "auto":
         choice = "vllm" if torch.cuda.is_available() and _vllm_installed() else "hf"
     if choice == "vllm":
-        from adapters.vllm import VLLMEngine
+        from bridges.adapters.vllm import VLLMEngine
 
         return VLLMEngine.for_training(config, policy, tokenizer)
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
 
     # The engine gets its own copy of the weights: training mutates the policy in another thread
     # while the engine samples the next batch, and a batch must never see half-updated weights.

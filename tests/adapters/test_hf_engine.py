@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from adapters.hf import HFEngine, InvalidRequestError
+from bridges.adapters.hf import HFEngine, InvalidRequestError
 from bridges.errors import BridgesError, EngineError, PromptTooLongError
 from bridges.types import SamplingParams
 

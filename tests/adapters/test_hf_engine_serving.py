@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from adapters.hf import HFEngine
+from bridges.adapters.hf import HFEngine
 from bridges.errors import EngineError
 from bridges.types import SamplingParams
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from adapters.tinker.server import TinkerServerConfig, serve_in_thread
+from bridges.adapters.tinker.server import TinkerServerConfig, serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -206,11 +206,11 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
     import tinker
     from transformers import AutoTokenizer
 
-    from adapters.tinker.datums import sample_to_datum
-    from adapters.tinker.engine import TinkerEngine
+    from bridges.adapters.tinker.datums import sample_to_datum
+    from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
-    from workflows.rollouts import run_group
-    from workflows.samples import episode_to_samples
+    from bridges.workflows.rollouts import run_group
+    from bridges.workflows.samples import episode_to_samples
 
     thread = serve_in_thread(
         TinkerServerConfig(model=str(tool_model_path), model_name="tool", port=0, root=str(tmp_path))
@@ -247,7 +247,7 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
 
 
 def test_refusals_are_one_sentence(monkeypatch: pytest.MonkeyPatch):
-    from adapters.tinker.backend import check_config
+    from bridges.adapters.tinker.backend import check_config
     from bridges.config import parse_config
     from bridges.errors import ConfigError
     from bridges.train_config import TrainConfig

@@ -12,7 +12,14 @@ import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from adapters.trl import ROW_KEY, SCORES_KEY, RowIndex, trl_dataset, trl_rollout_func, trl_trainer_kwargs
+from bridges.adapters.trl import (
+    ROW_KEY,
+    SCORES_KEY,
+    RowIndex,
+    trl_dataset,
+    trl_rollout_func,
+    trl_trainer_kwargs,
+)
 from bridges.errors import ConfigError
 from bridges.registry import load_environment
 

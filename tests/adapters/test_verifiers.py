@@ -26,7 +26,7 @@ def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def client(tiny_path: Path) -> Any:
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     return EngineClient(HFEngine.from_pretrained(str(tiny_path)), model_name="tiny")
@@ -61,8 +61,8 @@ async def test_single_turn_env_scores_with_verifiers_rubric_and_group_rewards(
 async def test_multi_turn_env_keeps_its_stop_condition_and_extends_token_exactly(
     client: Any, tiny_tokenizer: Any
 ):
-    from workflows.rollouts import run_group
-    from workflows.samples import SampleStats, episode_to_samples
+    from bridges.workflows.rollouts import run_group
+    from bridges.workflows.samples import SampleStats, episode_to_samples
 
     env = load_environment("vf:vf_fixture_envs", kind="multi")
     group = await run_group(env, dict(env.get_dataset()[0]), client, 3, {"seed": 5}, model="tiny")
@@ -130,8 +130,8 @@ def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
 async def test_a_raising_nan_or_hung_verifiers_reward_is_a_reward_error_not_a_zero(client: Any):
     import vf_fixture_envs
 
-    from adapters.verifiers import wrap
-    from adapters.verifiers.environment import VerifiersRubric
+    from bridges.adapters.verifiers import wrap
+    from bridges.adapters.verifiers.environment import VerifiersRubric
 
     env = wrap(vf_fixture_envs.load_faulty_environment(), env_id="vf:faulty", reward_timeout=1.0)
     assert isinstance(env.rubric, VerifiersRubric)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from verl_harness import N, batch_of, compose, rows_of, run_worker
 
-from adapters.verl.local_server import HFServerManager as HFServerClient
+from bridges.adapters.verl.local_server import HFServerManager as HFServerClient
 
 HERE = Path(__file__).parent
 
@@ -173,7 +173,7 @@ def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
     assert keys["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(run_dir / "agent_loops.yaml")
     registration = json.loads((run_dir / "agent_loops.yaml").read_text())
     assert registration == [
-        {"name": "bridges_arithmetic", "_target_": "adapters.verl.agent_loop.BridgesAgentLoop", "env_id": "arithmetic", "env_args": {}}
+        {"name": "bridges_arithmetic", "_target_": "bridges.adapters.verl.agent_loop.BridgesAgentLoop", "env_id": "arithmetic", "env_args": {}}
     ]  # fmt: skip
     import pandas as pd
 

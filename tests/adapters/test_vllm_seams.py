@@ -1,4 +1,4 @@
-"""adapters.vllm at its CPU-testable seams (the engine itself is checked only on a GPU machine)."""
+"""bridges.adapters.vllm at its CPU-testable seams (the engine itself is checked only on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.vllm import samples_from_output, sampling_kwargs
+from bridges.adapters.vllm import samples_from_output, sampling_kwargs
 from bridges.types import SamplingParams
 
 
@@ -52,7 +52,7 @@ def test_missing_logprobs_is_a_clear_error():
 def test_module_imports_without_vllm_and_engine_names_the_extra():
     code = "import adapters.vllm, sys; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
-    from adapters.vllm import VLLMEngine
+    from bridges.adapters.vllm import VLLMEngine
     from bridges.errors import MissingExtraError
 
     with pytest.raises(MissingExtraError, match=r"pip install 'rl-bridges\[vllm\]'"):

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from adapters.vllm.colocate import VLLMColocateEngine
-from adapters.vllm.server import VLLMServerEngine, completion_body
+from bridges.adapters.vllm.colocate import VLLMColocateEngine
+from bridges.adapters.vllm.server import VLLMServerEngine, completion_body
 from bridges.errors import EngineError
 from bridges.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def served(tiny_path: Path) -> Any:
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
     from bridges.serve import serve_in_thread
 
@@ -106,7 +106,7 @@ class StandInLLM:
 
 
 def _inputs(prompts: list[list[int]], params: list[tuple[SamplingParams, int]]) -> tuple[list, list]:
-    from adapters.vllm import sampling_kwargs
+    from bridges.adapters.vllm import sampling_kwargs
 
     return [{"prompt_token_ids": p} for p in prompts], [sampling_kwargs(sp, n) for sp, n in params]
 

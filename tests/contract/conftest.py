@@ -35,7 +35,7 @@ class ClientPath:
 @pytest.fixture(scope="module")
 def engines(tool_model: tuple[Any, Any]) -> Iterator[dict[str, Any]]:
     """One EngineClient in-process and one behind a loopback server, each over its own HFEngine."""
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
     from bridges.serve import serve_in_thread
 

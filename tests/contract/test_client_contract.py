@@ -255,7 +255,7 @@ async def test_logprob_tokens_spell_the_sample(path, tool_case):
 
 @pytest.mark.parametrize("transport", ["in_process", "http"])
 async def test_engine_failures_map_to_sdk_errors(transport, tool_model):
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
     from bridges.serve import serve_in_thread
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import environments
+import bridges.environments as environments
 from bridges.errors import EnvironmentNotFoundError
 from bridges.registry import ENTRY_POINT_GROUP, list_bundled_environments, load_environment
 
@@ -36,7 +36,7 @@ def bundled_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
     def add(name: str, source: str) -> None:
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        added.append(f"environments.{name}")
+        added.append(f"bridges.environments.{name}")
         importlib.invalidate_caches()
 
     yield add

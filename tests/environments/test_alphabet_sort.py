@@ -2,9 +2,14 @@ from __future__ import annotations
 
 import pytest
 
+from bridges.environments import alphabet_sort
+from bridges.environments.alphabet_sort import (
+    expected_lists,
+    list_similarity,
+    parse_names,
+    per_turn_similarity,
+)
 from bridges.types import State
-from environments import alphabet_sort
-from environments.alphabet_sort import expected_lists, list_similarity, parse_names, per_turn_similarity
 
 ROUNDS = [["Nora", "Ada", "Theo"], ["Bruno"], ["Zoe", "Clara"]]
 

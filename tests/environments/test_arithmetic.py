@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from environments import arithmetic
-from environments.arithmetic import calculator, correct_answer, used_calculator
+from bridges.environments import arithmetic
+from bridges.environments.arithmetic import calculator, correct_answer, used_calculator
 
 
 def test_splits_sizes_disjoint_and_deterministic() -> None:

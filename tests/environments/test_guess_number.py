@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from bridges.environments import guess_number
+from bridges.environments.guess_number import closeness, parse_guess, solved_reward
 from bridges.types import State
-from environments import guess_number
-from environments.guess_number import closeness, parse_guess, solved_reward
 
 
 def assistant(*texts: str) -> list[dict[str, str]]:

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from environments import repeat_letter
+from bridges.environments import repeat_letter
 
 
 def reply(text: str) -> list[dict[str, str]]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from environments import reverse_text
+from bridges.environments import reverse_text
 
 
 def test_splits_have_the_requested_sizes_and_are_disjoint() -> None:

@@ -61,7 +61,7 @@ def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from adapters.trl import trl_trainer_kwargs
+    from bridges.adapters.trl import trl_trainer_kwargs
     from bridges.registry import load_environment
 
     env = load_environment("bridges_fault_env", cases=["ok", "env_raises", "reward_raises", "reward_nan"])
@@ -101,7 +101,7 @@ def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
 ):
     from verl_harness import batch_of, compose, rows_of, run_worker
 
-    from adapters.verl.local_server import HFServerManager
+    from bridges.adapters.verl.local_server import HFServerManager
 
     cfg, files = compose(tmp_path, tiny_path, "", MIXED, "sampling.max_tokens=64", env="bridges_fault_env")
     rows = rows_of(

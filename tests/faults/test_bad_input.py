@@ -73,7 +73,7 @@ def test_a_missing_extra_names_the_pip_command(
         ("bridges.compare", ["backends=[grpo,mlx]"], "error: unknown backend 'mlx' in backends"),
         ("bridges.rescore", ["env=reverse_text"], "error: both traces=<file> and env=<id> are required"),
         (
-            "adapters.tinker.server",
+            "bridges.adapters.tinker.server",
             ["host=0.0.0.0"],
             "error: refusing to serve on non-loopback host '0.0.0.0'",
         ),

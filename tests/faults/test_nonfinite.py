@@ -86,7 +86,7 @@ def _context(tiny_path: Path) -> tuple[Any, Any]:
 
 def test_a_step_with_a_non_finite_loss_is_skipped_and_the_weights_stay_as_they_were(tiny_path: Path):
     from bridges.grpo.trainer import train_step
-    from workflows.types import TrainingSample
+    from bridges.workflows.types import TrainingSample
 
     ctx, policy = _context(tiny_path)
     before = {k: v.clone() for k, v in policy.state_dict().items()}

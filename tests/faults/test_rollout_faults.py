@@ -16,7 +16,7 @@ from faulty_engine import FaultyEngine
 
 from bridges.envs.base import parse_info
 from bridges.registry import load_environment
-from workflows.rollouts import run_groups
+from bridges.workflows.rollouts import run_groups
 
 ENGINE_FAULTS = {
     "[engine:permanent]": "permanent",
@@ -39,7 +39,7 @@ EXPECTED = {  # case -> (stop reason, text in the error) ; None: a healthy rollo
 
 
 async def test_one_batch_with_every_fault_completes_and_masks_exactly_the_faulty_rollouts(tiny_path: Path):
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     env = load_environment("bridges_fault_env")
@@ -74,7 +74,7 @@ async def test_one_batch_with_every_fault_completes_and_masks_exactly_the_faulty
 async def test_malformed_and_unknown_tool_calls_go_back_to_the_model(tool_model_path: Path):
     import bridges_test_trl_envs as envs
 
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     env = envs.add_tool()

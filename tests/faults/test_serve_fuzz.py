@@ -24,7 +24,7 @@ MAX_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 300}
 
 @pytest.fixture(scope="module")
 def served_schema(tiny_path: Path) -> Iterator[Any]:
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     client = EngineClient(HFEngine.from_pretrained(str(tiny_path)), model_name="tiny", request_timeout=60)

@@ -20,7 +20,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server(tiny_path: Path) -> Iterator[Any]:
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     client = EngineClient(HFEngine.from_pretrained(str(tiny_path)), model_name="tiny")
@@ -109,7 +109,7 @@ def test_models_aliases_and_model_by_id(http: httpx.Client):
 
 
 def test_one_access_line_per_request(tiny_path: Path, capfd: pytest.CaptureFixture[str]):
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     client = EngineClient(HFEngine.from_pretrained(str(tiny_path)), model_name="tiny")

@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from adapters.tinker import server as server_module
-from adapters.tinker.server import TinkerServerConfig, build_state, create_app
+from bridges.adapters.tinker import server as server_module
+from bridges.adapters.tinker.server import TinkerServerConfig, build_state, create_app
 from bridges.serve import ServerThread
 
 SENTINEL_NAME = "pickle-ran"

@@ -10,7 +10,7 @@ import torch
 
 from bridges.grpo.batching import collate
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from workflows.types import TrainingSample
+from bridges.workflows.types import TrainingSample
 
 
 def _batch(

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adapters.verl.launch import prepare
+from bridges.adapters.verl.launch import prepare
 from bridges.config import parse_config
 from bridges.train_config import TrainConfig
 

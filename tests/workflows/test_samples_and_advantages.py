@@ -7,8 +7,8 @@ import math
 import pytest
 
 from bridges.types import State, Turn
-from workflows.advantages import build_group, group_advantages
-from workflows.samples import SampleStats, episode_from_state, episode_to_samples, truncate_sample
+from bridges.workflows.advantages import build_group, group_advantages
+from bridges.workflows.samples import SampleStats, episode_from_state, episode_to_samples, truncate_sample
 
 
 def _state(turns: list[Turn], reward: float | None = 1.0, **kw) -> State:

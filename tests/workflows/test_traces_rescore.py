@@ -10,15 +10,15 @@ import pytest
 from bridges.config import run_cli
 from bridges.registry import load_environment
 from bridges.rescore import main as rescore_main
-from workflows.rollouts import run_group
-from workflows.traces import TraceWriter, read_traces
+from bridges.workflows.rollouts import run_group
+from bridges.workflows.traces import TraceWriter, read_traces
 
 PROVENANCE = {"backend": "test", "engine": "hf", "model": "tiny", "env_id": "repeat_letter", "seed": 0}
 
 
 @pytest.fixture
 async def traces(tiny_path: Path, tmp_path: Path) -> Path:
-    from adapters.hf import HFEngine
+    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
 
     env = load_environment("repeat_letter")

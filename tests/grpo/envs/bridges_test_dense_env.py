@@ -6,7 +6,7 @@ Tests that need every group to carry gradient use it, so they never depend on a 
 from __future__ import annotations
 
 import bridges as br
-from environments import repeat_letter
+from bridges.environments import repeat_letter
 
 
 def lowercase_share(completion) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import bridges as br
-from environments import repeat_letter
+from bridges.environments import repeat_letter
 
 _calls = itertools.count()
 

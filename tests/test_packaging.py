@@ -1,0 +1,42 @@
+"""The distribution installs exactly one import package, ``bridges`` (the repository's adapters/,
+workflows/ and environments/ folders become bridges.adapters, bridges.workflows, bridges.environments)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"bridges": "bridges", "adapters": "bridges.adapters", "workflows": "bridges.workflows",
+           "environments": "bridges.environments"}  # fmt: skip
+
+
+def declared_packages() -> list[str]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+
+
+def test_the_package_list_is_every_folder_with_an_init():
+    """pyproject lists packages by hand (package-dir maps folders into bridges.*): none may be missing."""
+    found = set()
+    for folder, name in FOLDERS.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder)
+            found.add(".".join([name, *relative.parts]))
+    assert sorted(declared_packages()) == sorted(found)
+
+
+def test_the_wheel_has_one_top_level_package(tmp_path: Path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("rl_bridges-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"bridges"}
+    for module in ("bridges/adapters/tinker/server.py", "bridges/workflows/rollouts.py",
+                   "bridges/environments/repeat_letter.py", "bridges/grpo/trainer.py"):  # fmt: skip
+        assert module in names
