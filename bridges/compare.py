@@ -20,7 +20,7 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from bridges.compare_report import (
     tables,
     write_reports,
 )
-from bridges.config import parse_config, run_cli
+from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
 
 BACKENDS = ("grpo", "trl", "tinker", "verl")
@@ -40,21 +40,29 @@ BACKENDS = ("grpo", "trl", "tinker", "verl")
 
 @dataclass
 class CompareConfig:
-    env: str = "reverse_text"
-    env_args: dict[str, Any] = field(default_factory=dict)
-    backends: list[str] = field(default_factory=lambda: ["grpo", "trl", "tinker"])
-    model: str = "tiny"
-    num_examples: int = 8
-    rollouts_per_example: int = 4
-    seed: int = 0
-    temperature: float = 1.0
-    max_tokens: int | None = None
-    backend_sampling: dict[str, Any] = field(default_factory=dict)  # per-backend overrides
-    tinker_base_url: str = "local"
-    runs: list[str] = field(default_factory=list)  # finished training runs whose curves to compare
-    bootstrap: int = 2000
-    output: str = "outputs/compare"
-    progress: bool = False
+    env: str = option("reverse_text", help="environment id evaluated on every backend")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    backends: list[str] = option(
+        factory=lambda: ["grpo", "trl", "tinker"], help="engines to compare: grpo, trl, tinker, verl"
+    )
+    model: str = option("tiny", help="'tiny', a local checkpoint folder or a hub id")
+    num_examples: int = option(8, ge=1, help="examples evaluated per backend")
+    rollouts_per_example: int = option(4, ge=1, help="rollouts of each example per backend")
+    seed: int = option(0, ge=0, help="sampling seed, the same on every backend")
+    temperature: float = option(1.0, ge=0.0, le=2.0, help="sampling temperature")
+    max_tokens: int | None = option(None, ge=1, help="tokens per model turn; None: the environment's own")
+    backend_sampling: dict[str, Any] = option(
+        factory=dict, help="per-backend sampling overrides: <backend>.<arg>=value"
+    )
+    tinker_base_url: str = option("local", help="'local' starts the local Tinker server; else a service URL")
+    runs: list[str] = option(
+        factory=list, help="finished training run folders whose reward curves to overlay"
+    )
+    bootstrap: int = option(2000, ge=100, help="bootstrap resamples for the paired verdicts")
+    output: str = option("outputs/compare", help="where the report, plot and results dataset go")
+    progress: bool = option(False, help="progress bars")
 
 
 def check(config: CompareConfig) -> None:

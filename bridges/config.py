@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import sys
+import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -64,6 +66,78 @@ def check_values(config: Any, prefix: str = "") -> None:
                 raise ConfigError(f"{key} must be {words} {limit}, got {value}.")
 
 
+HELP_FLAGS = ("--help", "-h", "help")
+
+
+class HelpRequested(Exception):
+    """``--help``/``-h``/``help[=<section>]`` on a command line: the text to print, then exit 0."""
+
+
+def _type_name(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args) + (
+            " or null" if type(None) in typing.get_args(tp) else ""
+        )
+    if typing.get_origin(tp) is list:
+        return f"list[{_type_name(args[0])}]" if args else "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _rule(meta: Any) -> str:
+    parts = [
+        f"{op} {meta[key]}"
+        for key, op in (("ge", ">="), ("gt", ">"), ("le", "<="))
+        if meta.get(key) is not None
+    ]
+    if meta.get("choices"):
+        parts.append("one of " + ", ".join(str(c) for c in meta["choices"]))
+    return f" [{'; '.join(parts)}]" if parts else ""
+
+
+def help_text(schema: type, section: str | None = None) -> str:
+    """Every key of ``schema`` with its type, default and description, grouped by section; generated
+    from the dataclasses themselves, so it cannot drift from what the parser accepts."""
+    sections: dict[str, list[tuple[str, str, str]]] = {"": []}
+    open_sections: list[tuple[str, str]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = _field_types(cls)
+        for f in dataclasses.fields(cls):
+            key, tp, meta = prefix + f.name, hints[f.name], f.metadata
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                sections.setdefault(key, [])
+                walk(tp, key + ".")
+                continue
+            if _is_dict_type(tp):
+                open_sections.append((f"{key}.*", meta.get("help", "")))
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            shown = json.dumps(default) if default is None or isinstance(default, bool | list) else default
+            sections.setdefault(prefix.rstrip("."), []).append(
+                (key, f"{_type_name(tp)} = {shown}", meta.get("help", "") + _rule(meta))
+            )
+
+    walk(schema, "")
+    if section is not None and section not in sections:
+        names = ", ".join(n for n in sections if n) or "none"
+        raise ConfigError(f"help={section}: no such section; sections: {names}.")
+    rows = [r for name, group in sections.items() if section in (None, name) for r in group]
+    width = max((len(k) for k, _, _ in rows), default=0)
+    kind = min(28, max((len(t) for _, t, _ in rows), default=0))
+    lines = ["usage: key=value ... [config=<file.yaml>]   (help=<section> for one section)", ""]
+    for name, group in sections.items():
+        if section not in (None, name) or not group:
+            continue
+        lines.append(f"{name or 'top-level'} keys:")
+        lines.extend(f"  {k.ljust(width)}  {t.ljust(kind)}  {d}".rstrip() for k, t, d in group)
+        lines.append("")
+    if section is None and open_sections:
+        lines.append("open sections (any sub-key, passed through):")
+        lines.extend(f"  {k.ljust(width)}  {d}" for k, d in open_sections)
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def _parse_value(raw: str) -> Any:
     """Parse a command-line value the way YAML would (``3`` -> int, ``[a,b]`` -> list, ``true`` -> bool)."""
     import yaml
@@ -109,6 +183,9 @@ def parse_config(schema: type[T], argv: Sequence[str]) -> T:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    for arg in argv:
+        if arg in HELP_FLAGS or arg.startswith("help="):
+            raise HelpRequested(help_text(schema, arg.split("=", 1)[1] if "=" in arg else None))
     pairs: list[tuple[str, str]] = []
     yaml_path: str | None = None
     for arg in argv:
@@ -215,6 +292,9 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         code = main(args)
+    except HelpRequested as shown:
+        print(shown, end="")
+        raise SystemExit(0) from None
     except BridgesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -13,21 +13,23 @@ import asyncio
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridges.config import parse_config, run_cli
+from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
 from bridges.types import StopReason
 
 
 @dataclass
 class RescoreConfig:
-    traces: str = ""
-    env: str = ""
-    env_args: dict[str, Any] = field(default_factory=dict)
-    output: str | None = None  # default: <traces>.rescored.jsonl
+    traces: str = option("", help="a traces.jsonl (or eval results.jsonl) to score again")
+    env: str = option("", help="the environment whose rubric scores them")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    output: str | None = option(None, help="where the rescored records go; default <traces>.rescored.jsonl")
 
 
 async def rescore(records: list[dict[str, Any]], env: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,61 @@
+"""Every CLI answers --help / -h / help=<section> with every key, its type, default and description,
+generated from its config dataclass (so the text cannot drift from what the parser accepts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+
+import pytest
+
+from bridges.config import run_cli
+
+CLIS = {
+    "bridges.train": "TrainConfig", "bridges.eval": "EvalConfig", "bridges.serve": "ServeConfig",
+    "bridges.compare": "CompareConfig", "bridges.rescore": "RescoreConfig",
+    "bridges.adapters.tinker.server": "TinkerServerConfig",
+}  # fmt: skip
+
+
+def keys_of(schema: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, description) of every field; open dict sections as '<key>.*'."""
+    out = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out.extend(keys_of(tp, f"{prefix}{f.name}."))
+        elif tp is dict or typing.get_origin(tp) is dict:
+            out.append((f"{prefix}{f.name}.*", f.metadata.get("help", "")))
+        else:
+            out.append((prefix + f.name, f.metadata.get("help", "")))
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(CLIS))
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_key_with_a_description(module: str, flag: str, capsys: pytest.CaptureFixture[str]):
+    loaded = importlib.import_module(module)
+    with pytest.raises(SystemExit) as info:
+        run_cli(loaded.main, [flag])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and out.startswith("usage: key=value")
+    for key, description in keys_of(getattr(loaded, CLIS[module])):
+        assert description, f"{module}: '{key}' has no description"
+        line = next((x for x in out.splitlines() if x.split() and x.split()[0] == key), None)
+        assert line is not None and description[:30] in line, (key, out)
+
+
+def test_help_for_one_section_and_an_unknown_section(capsys: pytest.CaptureFixture[str]):
+    from bridges.train import main
+
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, ["help=trainer"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "trainer.group_size" in out and "int = 16" in out and "[>= 2]" in out
+    assert "sampling.temperature" not in out and "backend " not in out
+    with pytest.raises(SystemExit) as info:
+        run_cli(main, ["help=nope"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "help=nope: no such section; sections: sampling, trainer." in err
