@@ -38,10 +38,6 @@ class EngineTimeoutError(EngineError, TimeoutError):
     """An engine call did not finish within its timeout."""
 
 
-class RewardFunctionError(BridgesError, RuntimeError):
-    """A reward function raised; the rollout is marked errored, never silently scored 0."""
-
-
 class TrainingDivergedError(BridgesError, RuntimeError):
     """Training produced non-finite losses or gradients several steps in a row and was stopped."""
 

@@ -29,7 +29,6 @@ class StopReason(StrEnum):
     ENV_ERROR = "env_error"
     ENGINE_ERROR = "engine_error"
     REWARD_ERROR = "reward_error"
-    ABORTED = "aborted"
 
 
 ERROR_STOP_REASONS: frozenset[str] = frozenset(
@@ -39,7 +38,6 @@ ERROR_STOP_REASONS: frozenset[str] = frozenset(
         StopReason.ENV_ERROR.value,
         StopReason.ENGINE_ERROR.value,
         StopReason.REWARD_ERROR.value,
-        StopReason.ABORTED.value,
     }
 )
 """Stop reasons that make a rollout unusable for training: it is kept, but masked."""
@@ -56,7 +54,6 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
-    include_stop_str_in_output: bool = False
 
     def stops_and_seed(self) -> dict[str, Any]:
         """``stop``, ``stop_token_ids`` and ``seed``, only those that are set: the fields vLLM-style

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,7 +41,6 @@ class EngineStats:
     prompt_tokens: int = 0
     tokens: int = 0  # generated tokens
     max_batch_rows: int = 0
-    generate_s: float = 0.0  # wall time spent inside batches
 
 
 @dataclass(eq=False)
@@ -241,7 +239,6 @@ class HFEngine:
 
         with self.weight_lock:
             version = self.weight_version
-            start = time.perf_counter()
             results = generate_batch(
                 self.model,
                 self.tokenizer,
@@ -251,7 +248,6 @@ class HFEngine:
                 logits_to_keep=self._logits_to_keep,
             )
             stats = self.stats
-            stats.generate_s += time.perf_counter() - start
             stats.batches += 1
             stats.rows += len(rows)
             stats.max_batch_rows = max(stats.max_batch_rows, len(rows))

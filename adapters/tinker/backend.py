@@ -155,6 +155,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     run_dir = Path(config.output_dir) / config.resolved_run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     env = load_environment(config.env, **config.env_args)
+    env.max_concurrent = t.max_concurrent
     dataset = env.get_dataset()
     base_model = options.base_model or config.model
     service = tinker.ServiceClient(base_url=options.base_url)

@@ -34,7 +34,7 @@ def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
         "top_k": params.top_k if params.top_k > 0 else -1,
         "logprobs": 0,  # the sampled token's logprob only
         "skip_special_tokens": False,
-        "include_stop_str_in_output": params.include_stop_str_in_output,
+        "include_stop_str_in_output": False,  # the client cuts at a stop string itself
     }
     return {**kwargs, **params.stops_and_seed()}
 

@@ -190,8 +190,6 @@ class Environment:
         env_id: str | None = None,
         env_args: dict[str, Any] | None = None,
     ) -> None:
-        if max_concurrent < 1:
-            raise ConfigError(f"max_concurrent must be at least 1, got {max_concurrent}.")
         self._dataset_source = dataset
         self._eval_dataset_source = eval_dataset
         self._dataset: Dataset | None = None
@@ -202,7 +200,7 @@ class Environment:
         self.parser = parser if parser is not None else (rubric.parser if rubric is not None else Parser())
         self.rubric = rubric if rubric is not None else Rubric(parser=self.parser)
         self.sampling_args = dict(sampling_args or {})
-        self.max_concurrent = max_concurrent
+        self.max_concurrent = max_concurrent  # builds the semaphore (property below)
         self.rollout_timeout = rollout_timeout
         self.model_timeout = model_timeout
         self.hook_timeout = hook_timeout  # bounds each setup_state / env_response / stop condition call
@@ -211,7 +209,18 @@ class Environment:
         self.retry_max_delay = retry_max_delay
         self.env_id = env_id
         self.env_args = dict(env_args or {})
-        self._semaphore = LoopSemaphore(max_concurrent)
+
+    @property
+    def max_concurrent(self) -> int:
+        """Rollouts in flight at once (``run_group``/``generate``); setting it applies to rollouts
+        started afterwards (the trainers set it from ``trainer.max_concurrent``)."""
+        return self._semaphore.value
+
+    @max_concurrent.setter
+    def max_concurrent(self, value: int) -> None:
+        if value < 1:
+            raise ConfigError(f"max_concurrent must be at least 1, got {value}.")
+        self._semaphore = LoopSemaphore(value)
 
     # --- datasets -----------------------------------------------------------------------------
     def format_dataset(self, dataset: Dataset) -> Dataset:

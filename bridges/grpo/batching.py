@@ -22,10 +22,6 @@ class Batch:
     sampler_logps_B_T: torch.Tensor
     advantages_B: torch.Tensor
 
-    @property
-    def num_loss_tokens(self) -> int:
-        return int(self.loss_mask_B_T.sum())
-
 
 def collate(samples: list[TrainingSample], pad_token_id: int) -> Batch:
     """Right-pad samples into one batch (padding is masked out of attention and loss)."""

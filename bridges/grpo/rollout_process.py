@@ -67,7 +67,7 @@ def _worker_main(conn: Any, config: Any, shared: dict[str, torch.Tensor], lock: 
             groups = loop.run_until_complete(
                 run_groups(env, rows, client, t.group_size, args, model=config.model, advantage=t.loss)
             )
-            conn.send(("groups", groups, engine.weight_version))
+            conn.send(("groups", groups))
         except BaseException as exc:
             conn.send(("error", f"the rollout process failed: {type(exc).__name__}: {exc}"))
     loop.close()
