@@ -110,8 +110,11 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
 async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, str, Any]:
     import os
 
-    import tinker
     from transformers import AutoTokenizer
+
+    from bridges.errors import require_extra
+
+    tinker = require_extra("tinker", "tinker", "comparing backend tinker")
 
     from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient

@@ -27,14 +27,19 @@ import json
 import time
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
-
 from bridges.adapters.verl.dataset import row_from_kwargs
 from bridges.adapters.verl.engine import VerlServerEngine
 from bridges.asyncutils import describe_exception
 from bridges.envs.base import Environment
+from bridges.errors import require_extra
 from bridges.types import StopReason
 from bridges.workflows.samples import episode_from_state, prompt_completion
+
+# verl's base class is needed at class-definition time; without verl this is the one-sentence error
+_verl_loop = require_extra("verl.experimental.agent_loop.agent_loop", "verl", "backend=verl's agent loop")
+AgentLoopBase = _verl_loop.AgentLoopBase
+AgentLoopMetrics = _verl_loop.AgentLoopMetrics
+AgentLoopOutput = _verl_loop.AgentLoopOutput
 
 BUDGET_EXHAUSTED = "response_length"  # stop reason of a trajectory cut by rollout.response_length
 _ENVIRONMENTS: dict[str, Environment] = {}

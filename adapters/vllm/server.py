@@ -84,7 +84,7 @@ class VLLMServerEngine:
         self._http: Any = None
 
     def _client(self) -> Any:
-        import httpx
+        import httpx2 as httpx  # the HTTP client the openai SDK already brings
 
         if self._http is None:  # created inside the event loop that uses it
             self._http = httpx.AsyncClient(
@@ -103,7 +103,7 @@ class VLLMServerEngine:
         return self.model
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
-        import httpx
+        import httpx2 as httpx  # the HTTP client the openai SDK already brings
 
         version = self.weight_version
         body = completion_body(await self._model_name(), prompt_ids, params, n)

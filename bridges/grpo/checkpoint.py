@@ -121,9 +121,9 @@ def load_checkpoint(
     for file in weights:
         state_dict.update(load_tensors(file))
     if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
+        from bridges.errors import require_extra
 
-        set_peft_model_state_dict(model, state_dict)
+        require_extra("peft", "trl", "LoRA checkpoints").set_peft_model_state_dict(model, state_dict)
     else:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         tied = {k for k in missing if "lm_head" in k}

@@ -70,9 +70,9 @@ def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     lora = lora_config(config.trainer)
     if lora is not None:
-        from peft import get_peft_model
+        from bridges.errors import require_extra
 
-        policy = get_peft_model(policy, lora)
+        policy = require_extra("peft", "trl", "LoRA training").get_peft_model(policy, lora)
     return policy, tokenizer
 
 
