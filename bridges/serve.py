@@ -13,13 +13,9 @@ Safety: the server binds loopback by default and refuses a non-loopback host wit
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import ipaddress
 import json
-import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +23,7 @@ from typing import Any
 from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
+from bridges.http_server import ServerThread, check_bind
 
 ENGINES: dict[str, str] = {"hf": "bridges.adapters.hf:HFEngine", "vllm": "bridges.adapters.vllm:VLLMEngine"}
 
@@ -250,71 +247,6 @@ def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | No
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
     return _access_log(app) if limits.access_log else app
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and not api_key:
-        raise ConfigError(
-            f"refusing to serve on non-loopback host '{host}' without an api_key; set api_key=<secret> "
-            f"(every client must then send it) or bind host=127.0.0.1."
-        )
-
-
-class ServerThread:
-    """A uvicorn server on its own event loop in a background thread (tests, notebooks, local agents)."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        import uvicorn
-
-        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
-        self.host = host
-        self.port: int = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"bridges-serve-{self.port}", daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError(f"the server thread stopped before serving: {self._error!r}")
-            self._thread.join(0.01)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._server.serve(sockets=[self._socket]))
-        except BaseException as exc:  # reported by the constructor
-            self._error = exc
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        self._socket.close()
-
-    def __enter__(self) -> ServerThread:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def serve_in_thread(

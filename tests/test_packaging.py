@@ -3,6 +3,7 @@ workflows/ and environments/ folders become bridges.adapters, bridges.workflows,
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -29,8 +30,13 @@ def test_the_package_list_is_every_folder_with_an_init():
 
 
 def test_the_wheel_has_one_top_level_package(tmp_path: Path):
+    source = tmp_path / "src"  # a copy: setuptools writes build/ next to the sources it builds
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", "build", "runs", "outputs", "*.egg-info", "__pycache__", "tests"
+    )
+    shutil.copytree(REPO, source, ignore=skip)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("rl_bridges-*.whl")

@@ -469,7 +469,7 @@ def build_state(config: TinkerServerConfig) -> TinkerState:
 
 def serve_in_thread(config: TinkerServerConfig) -> Any:
     """Start the server on a background thread (``port=0``: a free port); returns the ``ServerThread``."""
-    from bridges.serve import ServerThread, check_bind
+    from bridges.http_server import ServerThread, check_bind
 
     check_bind(config.host, config.api_key)
     app = create_app(build_state(config), config.api_key)
@@ -490,8 +490,8 @@ def start_local_server(model: str, root: str | Path, model_name: str | None = No
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from bridges.http_server import check_bind
     from bridges.preflight import check_model, check_writable_folder
-    from bridges.serve import check_bind
 
     config = parse_config(TinkerServerConfig, sys.argv[1:] if argv is None else argv)
     check_bind(config.host, config.api_key)

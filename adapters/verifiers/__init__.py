@@ -14,29 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from bridges.errors import ConfigError, require_extra
-
-SUPPORTED_RANGE = ">=0.1.8,<0.4"
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
-def require_verifiers() -> Any:
-    """The installed ``verifiers``, or one sentence saying which range is needed."""
-    vf = require_extra("verifiers", "verifiers", "environments written for verifiers")
-    version = str(getattr(vf, "__version__", "0"))
-    if not (0, 1, 8) <= _version_tuple(version) < (0, 4):
-        raise ConfigError(
-            f"verifiers {version} is installed, but environments written for verifiers need 0.1.8-0.3.x "
-            f"(pip install 'verifiers{SUPPORTED_RANGE}'); 0.4 dropped that API."
-        )
-    return vf
+from bridges.adapters.verifiers.support import SUPPORTED_RANGE, require_verifiers, version_tuple
+from bridges.errors import ConfigError
 
 
 def is_verifiers_environment(obj: Any) -> bool:
@@ -76,4 +55,11 @@ def load_vf_environment(module: str, **kwargs: Any) -> Any:
     return wrap(vf_env, env_id=f"vf:{module}", env_args=dict(kwargs))
 
 
-__all__ = ["SUPPORTED_RANGE", "is_verifiers_environment", "load_vf_environment", "require_verifiers", "wrap"]
+__all__ = [
+    "SUPPORTED_RANGE",
+    "version_tuple",
+    "is_verifiers_environment",
+    "load_vf_environment",
+    "require_verifiers",
+    "wrap",
+]

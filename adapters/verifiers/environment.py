@@ -98,9 +98,9 @@ class VerifiersEnvironment(Environment):
         self.parser = getattr(vf_env, "parser", None) or self.parser
         import verifiers as vf
 
-        from bridges.adapters.verifiers import _version_tuple
+        from bridges.adapters.verifiers.support import version_tuple
 
-        self._wants_task = _version_tuple(str(getattr(vf, "__version__", "0"))) < (0, 1, 13)
+        self._wants_task = version_tuple(str(getattr(vf, "__version__", "0"))) < (0, 1, 13)
 
     def _vf_client(self, client: Any) -> Any:
         import verifiers as vf

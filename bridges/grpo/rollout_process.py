@@ -31,7 +31,7 @@ def _worker_main(conn: Any, config: Any, shared: dict[str, torch.Tensor], lock: 
         torch.set_num_threads(1)
         from bridges.adapters.hf import HFEngine
         from bridges.client import EngineClient
-        from bridges.grpo.trainer import load_policy
+        from bridges.grpo.policy import load_policy
         from bridges.registry import load_environment
         from bridges.workflows.rollouts import run_groups
 

@@ -46,8 +46,9 @@ from bridges.errors import TrainingDivergedError
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
+from bridges.grpo.policy import load_policy, make_engine, sync_weights
 from bridges.metrics import MetricsLogger, finish_run
-from bridges.train_config import TrainConfig, lora_config
+from bridges.train_config import TrainConfig
 from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
 from bridges.workflows.rollouts import run_groups
 from bridges.workflows.traces import TraceWriter
@@ -57,23 +58,6 @@ MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stop
 
 # --------------------------------------------------------------------------------------------------
 # Setup: environment, policy, optimizer, engine
-
-
-def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
-    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, through from_pretrained."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from bridges.tiny import resolve_model_path
-
-    path = resolve_model_path(config.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    lora = lora_config(config.trainer)
-    if lora is not None:
-        from bridges.errors import require_extra
-
-        policy = require_extra("peft", "trl", "LoRA training").get_peft_model(policy, lora)
-    return policy, tokenizer
 
 
 def validate(config: TrainConfig) -> None:
@@ -106,43 +90,6 @@ def validate(config: TrainConfig) -> None:
     if config.trainer.lora_rank > 0:
         require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
         check_lora_targets(config.model, config.trainer.lora_target_modules)
-
-
-def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:
-    """The generation engine behind the client: vLLM on a GPU, the transformers engine otherwise."""
-    choice = config.engine
-    if choice == "auto":
-        choice = "vllm" if torch.cuda.is_available() and _vllm_installed() else "hf"
-    if choice == "vllm":
-        from bridges.adapters.vllm import VLLMEngine
-
-        return VLLMEngine.for_training(config, policy, tokenizer)
-    from bridges.adapters.hf import HFEngine
-
-    # The engine gets its own copy of the weights: training mutates the policy in another thread
-    # while the engine samples the next batch, and a batch must never see half-updated weights.
-    engine_model = copy.deepcopy(policy).eval()
-    return HFEngine(engine_model, tokenizer, max_batch_size=max(64, config.trainer.group_size))
-
-
-def _vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-async def sync_weights(engine: Any, policy: torch.nn.Module) -> None:
-    """Push the new policy weights to the engine; its weight_version increments.
-
-    Only trainable tensors travel (the LoRA matrices when training an adapter).
-    """
-    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
-    state = {k: v for k, v in policy.state_dict().items() if k in trainable}
-    async_update = getattr(engine, "aupdate_weights", None)
-    if async_update is not None:
-        await async_update(state, policy=policy)
-    else:
-        engine.update_weights(state)
 
 
 # --------------------------------------------------------------------------------------------------

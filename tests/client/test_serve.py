@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from bridges.errors import ConfigError
-from bridges.serve import ServeConfig, check_bind, serve_in_thread
+from bridges.http_server import check_bind
+from bridges.serve import ServeConfig, serve_in_thread
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 

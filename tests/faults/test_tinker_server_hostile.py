@@ -21,7 +21,7 @@ import pytest
 
 from bridges.adapters.tinker import server as server_module
 from bridges.adapters.tinker.server import TinkerServerConfig, build_state, create_app
-from bridges.serve import ServerThread
+from bridges.http_server import ServerThread
 
 SENTINEL_NAME = "pickle-ran"
 
