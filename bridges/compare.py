@@ -97,8 +97,8 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
-        yield EngineClient(engine, model_name=config.model), "verl seam (hf stand-in)"
+        verl_engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
+        yield EngineClient(verl_engine, model_name=config.model), "verl seam (hf stand-in)"
     else:
         client, label, close = await _tinker_client(config, model_path)
         try:

@@ -112,7 +112,8 @@ def help_text(schema: type, section: str | None = None) -> str:
             if _is_dict_type(tp):
                 open_sections.append((f"{key}.*", meta.get("help", "")))
                 continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            factory: Any = f.default_factory
+            default = f.default if f.default is not dataclasses.MISSING else factory()
             shown = json.dumps(default) if default is None or isinstance(default, bool | list) else default
             sections.setdefault(prefix.rstrip("."), []).append(
                 (key, f"{_type_name(tp)} = {shown}", meta.get("help", "") + _rule(meta))

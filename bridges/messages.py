@@ -94,13 +94,13 @@ def to_message_dict(message: Any) -> dict[str, Any]:
     tools), and only when present ``tool_calls``, ``tool_call_id``, ``name``, ``reasoning_content``.
     """
     if isinstance(message, dict) and _is_canonical(message):
-        out = dict(message)
-        if "tool_calls" in out:
-            out["tool_calls"] = [
+        copied = dict(message)
+        if "tool_calls" in copied:
+            copied["tool_calls"] = [
                 {"id": c["id"], "type": "function", "function": dict(c["function"])}
-                for c in out["tool_calls"]
+                for c in copied["tool_calls"]
             ]
-        return out
+        return copied
     role = _get(message, "role")
     if role is None:
         raise ValueError(f"a chat message needs a 'role'; got {type(message).__name__} {message!r:.200}.")

@@ -101,7 +101,7 @@ class XMLParser(Parser):
         """The canonical (first) name of every field."""
         return [names[0] for names in self._fields]
 
-    def parse(self, text: str, strip: bool = True, last: bool = False) -> SimpleNamespace:  # type: ignore[override]
+    def parse(self, text: str, strip: bool = True, last: bool = False) -> SimpleNamespace:
         values: dict[str, Any] = {}
         for name, pattern in self._patterns.items():
             matches = pattern.findall(text)

@@ -36,7 +36,11 @@ class CalculatorError(ValueError):
 
 
 def _evaluate(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         if not abs(node.value) <= MAX_MAGNITUDE:  # also catches 1e999 == inf
             raise CalculatorError("number too large")
         return node.value

@@ -18,6 +18,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert tests in ci_lines
     assert "pytest" in tests and "torch==2.13.0" in tests
+    assert tests.index("ruff check") < tests.index(".ci/typecheck") < tests.index("pytest")
 
 
 def test_readme_main_job_installs_cpu_torch_first_and_runs_a_bridges_module():

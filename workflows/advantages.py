@@ -8,11 +8,23 @@ signal; it contributes no gradient and is counted, so a run that stops learning 
 from __future__ import annotations
 
 import math
-from typing import Literal
+import typing
+from typing import Literal, cast
 
 from bridges.workflows.types import Episode, Group
 
 AdvantageMethod = Literal["grpo", "dr_grpo"]
+
+
+def advantage_method(name: str) -> AdvantageMethod:
+    """A config string (``trainer.loss``) as an advantage method, refused in one sentence if unknown."""
+    if name not in typing.get_args(AdvantageMethod):
+        from bridges.errors import ConfigError
+
+        raise ConfigError(
+            f"trainer.loss must be one of {', '.join(typing.get_args(AdvantageMethod))}; got '{name}'."
+        )
+    return cast(AdvantageMethod, name)
 
 
 def group_advantages(

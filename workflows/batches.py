@@ -63,11 +63,13 @@ def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -
     ]
     row: dict[str, Any] = {
         "reward/mean": mean,
-        "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else None,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        if mean is not None
+        else None,
         "episodes/total": len(episodes),
         "episodes/masked": len(episodes) - len(valid),
-        "groups/zero_variance": sum(g.skip_reason == "zero_variance" for g in groups),
-        "groups/too_few_valid": sum(g.skip_reason == "too_few_valid" for g in groups),
+        "groups/zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
+        "groups/too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
         "tokens/completion_mean": sum(e.num_completion_tokens for e in valid) / max(1, len(valid)),
         "samples/trained": stats.samples,
         "samples/breaks": stats.breaks,

@@ -88,6 +88,7 @@ def trajectory_to_samples(
             )
             samples.append(current)
             new_prompt = list(step.prompt_ids)
+        assert current is not None  # set on the first step: running is None there
         current.token_ids.extend(new_prompt)
         current.loss_mask.extend([0] * len(new_prompt))
         current.logprobs.extend([0.0] * len(new_prompt))

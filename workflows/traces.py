@@ -69,7 +69,8 @@ def _drop_partial_last_line(path: Path) -> None:
         fh.seek(-1, 2)
         if fh.read(1) == b"\n":
             return
-        data = fh.seek(0) or fh.read()
+        fh.seek(0)
+        data = fh.read()
         fh.truncate(data.rfind(b"\n") + 1)
 
 

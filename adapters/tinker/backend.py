@@ -147,6 +147,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
+    from bridges.workflows.advantages import advantage_method
     from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
     from bridges.workflows.rollouts import run_groups
     from bridges.workflows.traces import TraceWriter
@@ -201,8 +202,10 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         rows = rows_at(dataset, at_position, t.batch_size, config.seed)
         args = {**sampling_args, "seed": config.seed * 7919 + at_step}
         return asyncio.create_task(
-            run_groups(env, rows, client, t.group_size, args, model=base_model, advantage=t.loss)
-        )  # type: ignore[arg-type]
+            run_groups(
+                env, rows, client, t.group_size, args, model=base_model, advantage=advantage_method(t.loss)
+            )
+        )
 
     sampler = await training.save_weights_and_get_sampling_client()
     pending: deque[asyncio.Task[Any]] = deque()

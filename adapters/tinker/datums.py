@@ -20,11 +20,9 @@ def sample_to_datum(sample: TrainingSample) -> Any:
 
     tokens = list(sample.token_ids)
     mask_T = np.asarray(sample.loss_mask[1:], dtype=np.float32)
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
-            "logprobs": np.asarray(sample.logprobs[1:], dtype=np.float32) * mask_T,
-            "advantages": mask_T * np.float32(sample.advantage),
-        },
-    )
+    inputs: dict[str, Any] = {  # numpy arrays: the SDK converts them to its TensorData
+        "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+        "logprobs": np.asarray(sample.logprobs[1:], dtype=np.float32) * mask_T,
+        "advantages": mask_T * np.float32(sample.advantage),
+    }
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)

@@ -73,7 +73,8 @@ class LocalModel:
         self.path = str(path)
         self.device = torch.device(device)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        self.base = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
+        loaded: Any = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+        self.base: Any = loaded.to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         config = self.base.config
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))

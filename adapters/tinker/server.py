@@ -131,10 +131,13 @@ class TinkerState:
             raise ValueError(f"model_seq_id must be a non-negative integer, got {seq!r:.40}.")
         return f"{session_id}:train:{seq}"
 
-    def policy(self, model_id: str) -> LoraPolicy:
+    def known_model_id(self, model_id: Any) -> str:
         if not isinstance(model_id, str) or model_id not in self.policies:
             raise ValueError(f"no training client '{model_id!s:.80}' on this server.")
-        return self.policies[model_id]
+        return model_id
+
+    def policy(self, model_id: Any) -> LoraPolicy:
+        return self.policies[self.known_model_id(model_id)]
 
     def check_base(self, base_model: str | None) -> None:
         if base_model and base_model != self.model_name:
@@ -365,7 +368,7 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
         body = await json_body(request)
-        policy = state.policy(body.get("model_id"))  # type: ignore[arg-type]
+        policy = state.policy(body.get("model_id"))
         data = {
             "model_name": state.model_name,
             "tokenizer_id": state.model.path,
@@ -390,12 +393,12 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     async def optim_step(request: Request) -> dict[str, Any]:
         body = await json_body(request)
         adam = check_adam(body.get("adam_params") or body.get("optim_params") or {})
-        state.policy(body.get("model_id"))  # type: ignore[arg-type]  # an unknown client: 400 now
+        state.policy(body.get("model_id"))  # an unknown client: 400 now
 
         def work() -> dict[str, Any]:
             return {
                 "type": "optim_step",
-                "metrics": state.model.optim_step(state.policy(body.get("model_id")), adam),  # type: ignore[arg-type]
+                "metrics": state.model.optim_step(state.policy(body.get("model_id")), adam),
             }
 
         return promise(state.submit(work))
@@ -403,8 +406,7 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         body = await json_body(request)
-        model_id = body.get("model_id")
-        state.policy(model_id)  # type: ignore[arg-type]
+        model_id = state.known_model_id(body.get("model_id"))
         name = plain_name(body.get("path") or state.new_id("state"), "path")
         path = f"tinker://{model_id}/weights/{name}"
         return promise(state.submit(lambda: {"type": "save_weights", **state.save(model_id, path, True)}))
@@ -437,9 +439,9 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
     async def retrieve_future(request: Request) -> Any:
         body = await json_body(request)
         request_id = body.get("request_id")
-        future = state.futures.get(request_id) if isinstance(request_id, str) else None
-        if future is None:
+        if not isinstance(request_id, str) or request_id not in state.futures:
             return JSONResponse({"detail": "unknown request_id"}, status_code=410)
+        future = state.futures[request_id]
         # Wait without ever cancelling the job: asyncio.wait leaves the future alone on a timeout
         # (wait_for would cancel it, and a still-queued optim_step would be lost for good).
         await asyncio.wait([asyncio.wrap_future(future)], timeout=RETRIEVE_WAIT_S)

@@ -28,7 +28,7 @@ def parse_forward_backward(body: bytes, vocab_size: int) -> tuple[dict[str, Any]
 
     request = pb.ForwardBackwardRequest()
     request.ParseFromString(body)
-    data = []
+    data: list[TrainDatum] = []
     for datum in request.data:
         tokens: list[int] = []
         for chunk in datum.model_input:

@@ -10,7 +10,7 @@ tool environments add ``trl_rollout_func``, which runs the rollouts token-exactl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from bridges.adapters.trl.dataset import ROW_KEY, RowIndex, trl_dataset
 from bridges.adapters.trl.rewards import SCORES_KEY, trl_reward_funcs
@@ -31,7 +31,7 @@ def trl_trainer_kwargs(env: Environment | str, num_generations: int | None = Non
     if isinstance(env, str):
         from bridges.registry import load_environment
 
-        env = load_environment(env)
+        env = cast(Environment, load_environment(env))
     kwargs: dict[str, Any] = {
         "train_dataset": trl_dataset(env, "train"),
         "reward_funcs": trl_reward_funcs(env, num_generations),

@@ -55,7 +55,7 @@ def split_groups(example_ids: Sequence[Any], num_generations: int | None) -> lis
             runs.append(range(start, i))
             start = i
     shortest = min((len(r) for r in runs), default=0)
-    groups = []
+    groups: list[range] = []
     for run in runs:
         step = shortest if shortest and len(run) % shortest == 0 else len(run)
         groups.extend(range(i, min(i + step, run.stop)) for i in range(run.start, run.stop, step))

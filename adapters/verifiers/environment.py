@@ -156,4 +156,4 @@ class VerifiersEnvironment(Environment):
         return state
 
     async def score_group(self, states: list[State]) -> None:
-        await self.rubric.score_group(states)  # type: ignore[union-attr]
+        await self.rubric.score_group(states)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridges.adapters.verl.dataset import row_from_kwargs
 from bridges.adapters.verl.engine import VerlServerEngine
@@ -35,11 +35,13 @@ from bridges.errors import require_extra
 from bridges.types import StopReason
 from bridges.workflows.samples import episode_from_state, prompt_completion
 
-# verl's base class is needed at class-definition time; without verl this is the one-sentence error
-_verl_loop = require_extra("verl.experimental.agent_loop.agent_loop", "verl", "backend=verl's agent loop")
-AgentLoopBase = _verl_loop.AgentLoopBase
-AgentLoopMetrics = _verl_loop.AgentLoopMetrics
-AgentLoopOutput = _verl_loop.AgentLoopOutput
+if TYPE_CHECKING:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+else:  # verl's base class is needed at class-definition time; without verl, one sentence naming the extra
+    _verl_loop = require_extra("verl.experimental.agent_loop.agent_loop", "verl", "backend=verl's agent loop")
+    AgentLoopBase = _verl_loop.AgentLoopBase
+    AgentLoopMetrics = _verl_loop.AgentLoopMetrics
+    AgentLoopOutput = _verl_loop.AgentLoopOutput
 
 BUDGET_EXHAUSTED = "response_length"  # stop reason of a trajectory cut by rollout.response_length
 _ENVIRONMENTS: dict[str, Environment] = {}
@@ -129,13 +131,16 @@ class BridgesAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput:
         """A fully masked one-token sample with reward 0: verl trains nothing on it and keeps running."""
         prompt = kwargs.get("raw_prompt") or [{"role": "user", "content": ""}]
+        end_of_turn = int(
+            getattr(self.tokenizer, "eos_token_id", None) or 0
+        )  # verl types it as AutoTokenizer
         try:
             prompt_ids = client.renderer.render_ids(list(prompt))[-self.prompt_length :]
         except Exception:  # even the prompt cannot be rendered: an end-of-turn id stands in for it
-            prompt_ids = [self.tokenizer.eos_token_id or 0]
+            prompt_ids = [end_of_turn]
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
-            response_ids=[self.tokenizer.eos_token_id or 0],
+            response_ids=[end_of_turn],
             response_mask=[0],
             response_logprobs=[0.0],
             reward_score=0.0,

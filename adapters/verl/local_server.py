@@ -55,8 +55,11 @@ class HFServerManager:
         self.max_tokens.append(params.max_tokens)
         sample = (await self.engine.generate(list(prompt_ids), params))[0]
         self.sampled[request_id].append((sample.token_ids, sample.logprobs))
+        output_type: Any = _TokenOutput
         try:
             from verl.workers.rollout.replica import TokenOutput
+
+            output_type = TokenOutput
         except ImportError:
-            TokenOutput = _TokenOutput  # noqa: N806
-        return TokenOutput(token_ids=sample.token_ids, log_probs=sample.logprobs, stop_reason="completed")
+            pass
+        return output_type(token_ids=sample.token_ids, log_probs=sample.logprobs, stop_reason="completed")

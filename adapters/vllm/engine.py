@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import require_extra
-from bridges.types import Sample, SamplingParams
+from bridges.types import FinishReason, Sample, SamplingParams
 
 
 def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
@@ -51,7 +51,13 @@ def samples_from_output(output: Any, weight_version: int) -> list[Sample]:
                 "the engine must be created with logprobs enabled."
             )
         logprobs = [float(entry[tok].logprob) for entry, tok in zip(entries, token_ids, strict=True)]
-        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+        reason: FinishReason = (
+            "stop"
+            if completion.finish_reason == "stop"
+            else "length"
+            if completion.finish_reason == "length"
+            else "abort"
+        )
         stop_str = completion.stop_reason if isinstance(completion.stop_reason, str) else None
         samples.append(Sample(token_ids, logprobs, reason, weight_version, stop_str))
     return samples

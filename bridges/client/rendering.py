@@ -156,7 +156,7 @@ class ChatRenderer:
         self._blocks = template.blocks
         self._variables: dict[str, Any] = dict(getattr(tokenizer, "special_tokens_map", None) or {})
         self._segments = SegmentEncoder(tokenizer)
-        self.encode = self._segments.encode  # bound once: the hot path calls it on every request
+        self.__dict__["encode"] = self._segments.encode  # bound once: the hot path calls it every request
         self._decode = tokenizer.backend_tokenizer.decode
         self.eos_token_id: int | None = tokenizer.eos_token_id
         self._dummies: dict[str | None, DummyRender | None] = {}

@@ -66,7 +66,7 @@ def chat_choice(
     """One ``choices[i]`` dict (message, finish_reason, extras)."""
     reasoning, content = split_reasoning(text)
     message: dict[str, Any] = {"role": "assistant", "content": content}
-    finish_reason = sample.finish_reason
+    finish_reason: str = sample.finish_reason
     if parse is not None:
         parsed = parse(content, sample.token_ids)
         if parsed.tool_calls:

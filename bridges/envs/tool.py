@@ -58,7 +58,7 @@ class ToolEnv(MultiTurnEnv):
             raise ConfigError(f"two tools are named '{name}'; tool names must be unique.")
         self.tools.append(tool)
         self.tool_map[name] = tool
-        self.tool_defs.append(schema)
+        self.tool_defs = [*(self.tool_defs or []), schema]
 
     @stop(priority=50, reason=StopReason.COMPLETED.value)
     def no_tools_called(self, state: State) -> bool:

@@ -97,7 +97,7 @@ def type_to_schema(tp: Any) -> dict[str, Any]:
     if origin in (typing.Union, types.UnionType):
         return {"anyOf": [type_to_schema(a) for a in args]}
     if tp in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset):
-        schema: dict[str, Any] = {"type": "array"}
+        schema = {"type": "array"}
         if args and not (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
             if origin is tuple:
                 schema["prefixItems"] = [type_to_schema(a) for a in args]

@@ -44,7 +44,7 @@ class TrainerState:
 def save_checkpoint(
     directory: Path,
     state: TrainerState,
-    model: torch.nn.Module,
+    model: Any,  # a transformers or peft model: save_pretrained
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     keep: int = 2,

@@ -36,7 +36,7 @@ import math
 import os
 import random
 import time
-from collections import Counter, deque
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.grpo.policy import load_policy, make_engine, sync_weights
 from bridges.metrics import MetricsLogger, finish_run
 from bridges.train_config import TrainConfig
+from bridges.workflows.advantages import advantage_method
 from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
 from bridges.workflows.rollouts import run_groups
 from bridges.workflows.traces import TraceWriter
@@ -117,7 +118,7 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     ctx.policy.train()
     chunks = [samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)]
     chunks = [c for c in chunks if c]
-    totals = Counter()
+    totals: dict[str, float] = defaultdict(float)
     for chunk in chunks:
         batch = collate(chunk, ctx.pad_token_id)
         logps_B_T = sequence_logprobs(
@@ -252,11 +253,14 @@ async def _run(config: TrainConfig) -> int:
         if worker is not None:
             return worker.start(rows, args)
         return asyncio.create_task(
-            run_groups(env, rows, client, t.group_size, args, model=config.model, advantage=t.loss)
-        )  # type: ignore[arg-type]
+            run_groups(
+                env, rows, client, t.group_size, args, model=config.model, advantage=advantage_method(t.loss)
+            )
+        )
 
     def weight_version() -> int:
-        return worker.weight_version if worker is not None else engine.weight_version
+        source: Any = worker if worker is not None else engine
+        return int(source.weight_version)
 
     # Async pipeline: batches for the next `num_batches_ahead` steps are already generating while we
     # train; each is tagged with its step so its seeds and data rows do not depend on timing.
