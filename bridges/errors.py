@@ -1,4 +1,4 @@
-"""Errors with one clear sentence each (DESIGN §4).
+"""Errors with one clear sentence each (docs/design.md §3).
 
 Every error a user can trigger by input (config, environment id, missing extra, bad request) is a
 ``BridgesError``: the CLIs print its message alone, without a traceback, and exit with code 2.

@@ -1,6 +1,6 @@
 """OpenAI request arguments -> engine sampling parameters, refusing what an engine cannot honour.
 
-The rule (DESIGN §2.3): an argument is either honoured, a documented no-op (it changes nothing a
+The rule (docs/design.md §2): an argument is either honoured, a documented no-op (it changes nothing a
 local engine does: ``user``, ``metadata``, ``store=False``...), or refused with
 ``openai.BadRequestError`` naming it. Silently dropping ``response_format`` or a penalty would make
 an evaluation quietly differ from the hosted run it is compared with.

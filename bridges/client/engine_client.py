@@ -1,4 +1,4 @@
-"""``EngineClient``: any token-level ``Engine`` as a real ``openai.AsyncOpenAI`` (DESIGN §2.3).
+"""``EngineClient``: any token-level ``Engine`` as a real ``openai.AsyncOpenAI`` (docs/design.md §2).
 
 Code written for the OpenAI SDK (our environments, verifiers environments, agent code) runs on it
 unchanged, while training keeps what a remote API would lose: the exact prompt ids, sampled ids,
@@ -6,7 +6,7 @@ per-token logprobs and the policy's weight version of every call.
 
 Fast path: ``chat.completions.create``, ``completions.create`` and ``models.list`` are overridden
 and run in-process. The SDK's per-request transform, HTTP round trip and response parsing
-(1-4 ms per call on the dev machine: DESIGN §5, benchmarks/client_overhead.py) are skipped; the
+(1-4 ms per call on the dev machine: benchmarks/client_overhead.py) are skipped; the
 response is built as a plain dict and validated once with ``model_validate`` (~4-7 us), the id
 lists attached afterwards (validating them would cost O(sequence length)). Every other SDK method
 still exists but reaches a transport that answers with one sentence saying the endpoint is not

@@ -1,4 +1,4 @@
-"""The token ledger: turn k+1's prompt ids extend turn k's prompt + sampled ids exactly (DESIGN §2.6).
+"""The token ledger: turn k+1's prompt ids extend turn k's prompt + sampled ids exactly (docs/design.md §2).
 
 A conversation is found by its message prefix, not by an id the caller must carry: every reply the
 client produces is recorded under a rolling hash of (normalised messages..., the reply). A later

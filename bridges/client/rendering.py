@@ -1,7 +1,7 @@
 """Chat-template rendering and tokenization for the client's hot path.
 
 Why not ``tokenizer.apply_chat_template``: it re-resolves the template, rebuilds kwargs and goes
-through the slow tokenizer ``__call__`` on every call (~390 us, DESIGN §5). We compile the template
+through the slow tokenizer ``__call__`` on every call (~390 us measured on the development machine). We compile the template
 once, exactly the way transformers does (sandboxed jinja, ``trim_blocks``/``lstrip_blocks``, the
 non-escaping ``tojson``, ``raise_exception``, ``strftime_now``, the tokenizer's special tokens as
 variables), so the text is identical (a test pins it), and tokenize with the Rust backend.
@@ -9,7 +9,7 @@ Two measured shortcuts keep a render + tokenize near 20 us: jinja's ``Template.r
 a ``ChainMap`` of globals on every call (~10 us); we flatten it once. ``encode_batch_fast`` skips
 offset bookkeeping (~2x faster than ``encode``).
 
-The renderer also answers the two template questions the token ledger asks (DESIGN §2.6):
+The renderer also answers the two template questions the token ledger asks (docs/design.md §2):
 - the *closing*: the ids the template prints after an assistant message's content
   (``<|im_end|>\\n`` for ChatML), of which an engine usually samples only the first;
 - the *bridge*: the ids new messages (+ the generation prompt) add after an assistant turn, found by

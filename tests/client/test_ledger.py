@@ -1,4 +1,4 @@
-"""The token ledger (DESIGN §2.6) through EngineClient, on real tiny-tokenizer ids."""
+"""The token ledger (docs/design.md §2) through EngineClient, on real tiny-tokenizer ids."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The client contract, checked identically in-process and over HTTP with the stock SDK (DESIGN §3).
+"""The client contract, checked identically in-process and over HTTP with the stock SDK (docs/design.md §4).
 
 Each test receives ``path``: an ``openai.AsyncOpenAI`` that is either ``EngineClient(HFEngine)`` or
 the stock SDK talking to ``bridges.serve`` on loopback. Nothing here knows which.
