@@ -10,11 +10,25 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from bridges.errors import ConfigError, require_extra
+
+# The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the README's
+# "Metrics" table says what each means per backend); a backend with other native names maps them with
+# ``renamed`` before logging, so curves and reports compare across backends without a lookup table.
+SHARED_METRICS = (
+    "reward/mean", "reward/std", "loss", "grad_norm", "lr", "episodes/masked_fraction",
+    "tokens/completion_mean", "timing/step_s",
+)  # fmt: skip
+
+
+def renamed(row: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """``row`` with a backend's native metric names replaced by the shared ones."""
+    return {names.get(key, key): value for key, value in row.items()}
 
 
 class MetricsLogger:
@@ -29,6 +43,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         self._file = self.path.open("a")
+        self._last_log = time.perf_counter()
         self._wandb = None
         if report_to == "wandb":
             wandb = require_extra("wandb", "wandb", "report_to=wandb")
@@ -43,6 +58,11 @@ class MetricsLogger:
             )
 
     def log(self, row: dict[str, Any]) -> None:
+        """Append one step's row; ``timing/step_s`` (time since the previous row) is added here, so every
+        backend measures it the same way."""
+        now = time.perf_counter()
+        row = {**row, "timing/step_s": now - self._last_log}
+        self._last_log = now
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         self.rows.append(clean)
         self._file.write(json.dumps(clean) + "\n")

@@ -68,6 +68,7 @@ def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -
         else None,
         "episodes/total": len(episodes),
         "episodes/masked": len(episodes) - len(valid),
+        "episodes/masked_fraction": (len(episodes) - len(valid)) / len(episodes) if episodes else 0.0,
         "groups/zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
         "groups/too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
         "tokens/completion_mean": sum(e.num_completion_tokens for e in valid) / max(1, len(valid)),

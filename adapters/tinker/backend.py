@@ -32,6 +32,8 @@ from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
+# the local server's (and Tinker's) optimizer metrics under the names every backend uses
+TINKER_METRIC_NAMES = {"optim/grad_norm": "grad_norm", "optim/lr": "lr", "optim/skipped": "skipped_nonfinite"}
 
 
 @dataclasses.dataclass
@@ -144,7 +146,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     from bridges.adapters.tinker.datums import sample_to_datum
     from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
-    from bridges.metrics import MetricsLogger, finish_run
+    from bridges.metrics import MetricsLogger, finish_run, renamed
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
     from bridges.workflows.advantages import advantage_method
@@ -223,7 +225,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
                 traces.write_group(group, step=step + 1)
             samples, stats = groups_to_samples(groups, t.max_completion_length)
             trained = time.perf_counter()
-            result: dict[str, float] = {"loss": 0.0}
+            result: dict[str, float] = {"loss": 0.0, "optim/grad_norm": 0.0, "optim/lr": t.learning_rate}
             if samples:
                 datums = [sample_to_datum(s) for s in samples]
                 backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config())
@@ -241,7 +243,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
                 "timing/train_s": time.perf_counter() - trained,
                 "timing/elapsed_s": time.perf_counter() - started,
             }
-            logger.log(row)
+            logger.log(renamed(row, TINKER_METRIC_NAMES))
             print(
                 f"step {step}: reward={row['reward/mean'] or 0:.3f} datums={len(samples)} loss={result['loss']:.4f}",
                 flush=True,

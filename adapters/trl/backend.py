@@ -21,6 +21,13 @@ from typing import Any
 from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig, lora_config
 
+# GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
+TRL_METRIC_NAMES = {
+    "reward": "reward/mean", "reward_std": "reward/std", "learning_rate": "lr",
+    "completions/mean_length": "tokens/completion_mean", "env/errored_fraction": "episodes/masked_fraction",
+    "frac_reward_zero_std": "groups/zero_variance_fraction", "step_time": "timing/trl_step_s",
+}  # fmt: skip
+
 
 def completion_budget(config: TrainConfig, env: Any) -> int:
     """TRL's ``max_completion_length``: the sampling cap, else a single-turn env's own cap, else the trainer's."""
@@ -101,10 +108,12 @@ def metrics_callback(logger: Any) -> Any:
     """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens."""
     from transformers import TrainerCallback
 
+    from bridges.metrics import renamed
+
     class MetricsFile(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
             if logs and "reward" in logs:
-                logger.log({"step": state.global_step, "reward/mean": logs["reward"], **logs})
+                logger.log(renamed({"step": state.global_step, **logs}, TRL_METRIC_NAMES))
 
     return MetricsFile()
 

@@ -93,7 +93,7 @@ def test_tinker_step_completes_with_faulty_rollouts(tmp_path: Path, monkeypatch:
     for row in metrics(tmp_path / "faults"):
         assert row["episodes/total"] == 8 and row["episodes/masked"] == 6
         assert (row["stop/env_error"], row["stop/reward_error"]) == (2, 4)
-        assert math.isfinite(row["loss"]) and row.get("optim/skipped", 0.0) == 0.0
+        assert math.isfinite(row["loss"]) and row.get("skipped_nonfinite", 0.0) == 0.0
 
 
 def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
