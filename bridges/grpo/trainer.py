@@ -46,12 +46,12 @@ from bridges.errors import TrainingDivergedError
 from bridges.grpo.batching import collate
 from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from bridges.grpo.policy import load_policy, make_engine, sync_weights
+from bridges.grpo.policy import load_policy, make_engine
+from bridges.grpo.rollouts import InProcessRollouts, Rollouts
 from bridges.metrics import MetricsLogger, finish_run
 from bridges.train_config import TrainConfig
 from bridges.workflows.advantages import advantage_method
 from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
-from bridges.workflows.rollouts import run_groups
 from bridges.workflows.traces import TraceWriter
 from bridges.workflows.types import Group, TrainingSample
 
@@ -164,174 +164,171 @@ def run(config: TrainConfig) -> int:
     return asyncio.run(_run(config))
 
 
-async def _run(config: TrainConfig) -> int:
-    from bridges.client import EngineClient
+@dataclasses.dataclass
+class _Run:
+    """Everything one run holds: the config, the data, the policy and its optimizer, where it writes."""
+
+    config: TrainConfig
+    env: Any
+    dataset: Any
+    tokenizer: Any
+    ctx: StepContext
+    state: TrainerState
+    run_dir: Path
+    sampling_args: dict[str, Any]
+
+
+def _prepare(config: TrainConfig) -> _Run:
+    """Seeds, environment, policy, optimizer and scheduler, resumed from the newest intact checkpoint."""
     from bridges.registry import load_environment
 
     t = config.trainer
     run_dir = Path(config.output_dir) / config.resolved_run_name
-    ckpt_dir = run_dir / "checkpoints"
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         # Generation and training run in two threads at once; one intra-op thread each keeps them
         # from oversubscribing a small CPU (measured 10-20x slower with the default under load).
         torch.set_num_threads(1)
-
     env = load_environment(config.env, **config.env_args)
     env.max_concurrent = t.max_concurrent
-    dataset = env.get_dataset()
     policy, tokenizer = load_policy(config)
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if t.beta != 0.0 else None
     optimizer = torch.optim.AdamW(
         [p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps > 0 else 1.0
     )
-
     state = TrainerState()
-    resumed = resume_latest_intact(ckpt_dir, policy, optimizer, scheduler) if config.resume else None
+    resumed = (
+        resume_latest_intact(run_dir / "checkpoints", policy, optimizer, scheduler) if config.resume else None
+    )
     if config.resume and resumed is None:
-        print(f"resume=true but {ckpt_dir} has no checkpoint; starting from step 0.")
+        print(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
     if resumed is not None:
         state, resume_from = resumed
         print(f"resumed from {resume_from} (step {state.step}, data position {state.data_position})")
-
-    # Rollouts run here (engine + client on this event loop) or, with rollout_process=true, in a child
-    # process that owns its own copy of the weights (bridges/grpo/rollout_process.py).
-    worker = None
-    if t.rollout_process:  # engine=hf here: validate() refused anything else
-        from bridges.grpo.rollout_process import ProcessRollouts
-
-        worker = ProcessRollouts(config, policy)
-        engine = client = None
-    else:
-        engine = make_engine(config, policy, tokenizer)
-        client = EngineClient(engine, model_name=config.model)
     sampling_args: dict[str, Any] = {**(env.sampling_args or {})}
     if config.sampling.max_tokens is not None:
         sampling_args["max_tokens"] = config.sampling.max_tokens
     sampling_args.update(temperature=config.sampling.temperature, top_p=config.sampling.top_p)
     ctx = StepContext(
         policy=policy,
-        reference=reference,
+        reference=copy.deepcopy(policy).eval().requires_grad_(False) if t.beta != 0.0 else None,
         optimizer=optimizer,
         scheduler=scheduler,
         loss_config=LossConfig(
-            loss_type=t.loss,  # type: ignore[arg-type]
+            loss_type=advantage_method(t.loss),
             epsilon=t.epsilon,
             epsilon_high=t.epsilon_high,
             ratio_cap=t.ratio_cap,
             beta=t.beta,
             max_completion_length=t.max_completion_length,
-        ),
+        ),  # fmt: skip
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         temperature=config.sampling.temperature,
         grad_accum_steps=t.grad_accum_steps,
         max_grad_norm=t.max_grad_norm,
     )
-    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=state.step)
-    traces = TraceWriter(
-        run_dir / "traces.jsonl",
-        {
-            "backend": "grpo",
-            "engine": worker.name if worker is not None else getattr(engine, "name", type(engine).__name__),
-            "model": config.model,
-            "env_id": config.env,
-            "env_args": config.env_args,
-            "sampling_args": sampling_args,
-            "seed": config.seed,
-        },
-        resume_step=state.step,
+    return _Run(config, env, env.get_dataset(), tokenizer, ctx, state, run_dir, sampling_args)
+
+
+def _rollouts(run: _Run) -> Rollouts:
+    """In this process, or (``rollout_process=true``; validate() allowed it only with the hf engine) in a
+    child process that owns its own copy of the weights."""
+    config = run.config
+    if config.trainer.rollout_process:
+        from bridges.grpo.rollout_process import ProcessRollouts
+
+        return ProcessRollouts(config, run.ctx.policy)
+    engine = make_engine(config, run.ctx.policy, run.tokenizer)
+    return InProcessRollouts(
+        engine, run.env, config.trainer.group_size, config.model, advantage_method(config.trainer.loss)
     )
 
-    def generate(step: int, position: int) -> asyncio.Future[list[Group]]:
-        """Start generating the batch of ``step`` (rows from ``position``) with seeded sampling."""
-        rows = rows_at(dataset, position, t.batch_size, config.seed)
-        args = {**sampling_args, "seed": config.seed * 7919 + step}
-        if worker is not None:
-            return worker.start(rows, args)
-        return asyncio.create_task(
-            run_groups(
-                env, rows, client, t.group_size, args, model=config.model, advantage=advantage_method(t.loss)
-            )
+
+async def _step(
+    run: _Run, rollouts: Rollouts, groups: list[Group], streak: int
+) -> tuple[dict[str, Any], int]:
+    """Train on one batch's groups: the optimizer step, the new weights to the engine, a checkpoint
+    when due. Returns the step's metrics and the count of non-finite steps in a row."""
+    config, t = run.config, run.config.trainer
+    samples, stats = groups_to_samples(groups, t.max_completion_length)
+    started = time.perf_counter()
+    result = await asyncio.to_thread(train_step, run.ctx, samples)
+    streak = streak + 1 if result["skipped_nonfinite"] else 0
+    if streak >= MAX_NONFINITE_STEPS:
+        raise TrainingDivergedError(
+            f"training stopped at step {run.state.step + 1}: {streak} steps in a row had a non-finite loss "
+            f"or gradient norm (last loss {result['loss']}, grad_norm {result['grad_norm']}), so none was "
+            "applied; lower trainer.learning_rate or check the environment's rewards. The weights are "
+            "those of the last finite step."
         )
+    if samples and not result["skipped_nonfinite"]:
+        await rollouts.update_weights(run.ctx.policy)
+    run.state = TrainerState(step=run.state.step + 1, data_position=run.state.data_position + t.batch_size)
+    row = {
+        "step": run.state.step,
+        **step_metrics(groups, stats, rollouts.weight_version),
+        **result,
+        "lr": run.ctx.scheduler.get_last_lr()[0],
+        "timing/train_s": time.perf_counter() - started,
+        "weight_version": rollouts.weight_version,
+    }
+    if (config.save_every > 0 and run.state.step % config.save_every == 0) or run.state.step == t.max_steps:
+        save_checkpoint(
+            run.run_dir / "checkpoints", run.state, run.ctx.policy, run.ctx.optimizer, run.ctx.scheduler,
+            keep=config.keep_checkpoints, tokenizer=run.tokenizer,
+        )  # fmt: skip
+    return row, streak
 
-    def weight_version() -> int:
-        source: Any = worker if worker is not None else engine
-        return int(source.weight_version)
 
+async def _run(config: TrainConfig) -> int:
+    run = _prepare(config)
+    t = config.trainer
+    rollouts = _rollouts(run)
+    logger = MetricsLogger(
+        run.run_dir, dataclasses.asdict(config), config.report_to, resume_step=run.state.step
+    )
+    provenance = {"backend": "grpo", "engine": rollouts.name, "model": config.model, "env_id": config.env,
+                  "env_args": config.env_args, "sampling_args": run.sampling_args, "seed": config.seed}  # fmt: skip
+    traces = TraceWriter(run.run_dir / "traces.jsonl", provenance, resume_step=run.state.step)
+    progress = _progress_bar(config.progress, t.max_steps, run.state.step)
     # Async pipeline: batches for the next `num_batches_ahead` steps are already generating while we
-    # train; each is tagged with its step so its seeds and data rows do not depend on timing.
-    pending: deque[tuple[int, asyncio.Future[list[Group]]]] = deque()
-    next_step, next_position = state.step, state.data_position
-    nonfinite_in_a_row = 0
-    progress = _progress_bar(config.progress, t.max_steps, state.step)
+    # train; each is tagged with its step, so its seeds and data rows do not depend on timing.
+    pending: deque[asyncio.Future[list[Group]]] = deque()
+    next_step, next_position, streak = run.state.step, run.state.data_position, 0
     started = time.perf_counter()
     try:
-        while state.step < t.max_steps:
+        while run.state.step < t.max_steps:
             while next_step < t.max_steps and len(pending) <= t.num_batches_ahead:
-                pending.append((next_step, generate(next_step, next_position)))
-                next_step, next_position = next_step + 1, next_position + t.batch_size
-            gen_started = time.perf_counter()
-            _, task = pending.popleft()
-            groups = await task
-            waited = time.perf_counter() - gen_started
-            for group in groups:
-                traces.write_group(group, step=state.step + 1)
-            samples, stats = groups_to_samples(groups, t.max_completion_length)
-            train_started = time.perf_counter()
-            result = await asyncio.to_thread(train_step, ctx, samples)
-            nonfinite_in_a_row = nonfinite_in_a_row + 1 if result["skipped_nonfinite"] else 0
-            if nonfinite_in_a_row >= MAX_NONFINITE_STEPS:
-                raise TrainingDivergedError(
-                    f"training stopped at step {state.step + 1}: {nonfinite_in_a_row} steps in a row had a "
-                    f"non-finite loss or gradient norm (last loss {result['loss']}, grad_norm "
-                    f"{result['grad_norm']}), so none was applied; lower trainer.learning_rate or check the "
-                    "environment's rewards. The weights are those of the last finite step."
+                rows = rows_at(run.dataset, next_position, t.batch_size, config.seed)
+                pending.append(
+                    rollouts.start(rows, {**run.sampling_args, "seed": config.seed * 7919 + next_step})
                 )
-            if samples and not result["skipped_nonfinite"]:
-                await (worker.update_weights(policy) if worker is not None else sync_weights(engine, policy))
-            train_s = time.perf_counter() - train_started
-            state = TrainerState(step=state.step + 1, data_position=state.data_position + t.batch_size)
-            row = {
-                "step": state.step,
-                **step_metrics(groups, stats, weight_version()),
-                **result,
-                "lr": scheduler.get_last_lr()[0],
-                "timing/wait_generation_s": waited,
-                "timing/train_s": train_s,
-                "timing/elapsed_s": time.perf_counter() - started,
-                "weight_version": weight_version(),
-            }
+                next_step, next_position = next_step + 1, next_position + t.batch_size
+            waiting = time.perf_counter()
+            groups = await pending.popleft()
+            waited = time.perf_counter() - waiting
+            for group in groups:
+                traces.write_group(group, step=run.state.step + 1)
+            row, streak = await _step(run, rollouts, groups, streak)
+            row.update(
+                {"timing/wait_generation_s": waited, "timing/elapsed_s": time.perf_counter() - started}
+            )
             logger.log(row)
             _report(progress, row)
-            if (config.save_every > 0 and state.step % config.save_every == 0) or state.step == t.max_steps:
-                save_checkpoint(
-                    ckpt_dir,
-                    state,
-                    policy,
-                    optimizer,
-                    scheduler,
-                    keep=config.keep_checkpoints,
-                    tokenizer=tokenizer,
-                )
     finally:
-        for _, task in pending:
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*(task for _, task in pending), return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
         traces.close()
         logger.close()
         if progress is not None:
             progress.close()
-        await _close(worker if worker is not None else engine)
-    finish_run(
-        logger.rows,
-        run_dir,
-        f"{config.env} · {config.model} · grpo",
-        ["metrics.jsonl", "traces.jsonl", "checkpoints/"],
-    )
+        await rollouts.aclose()
+    finish_run(logger.rows, run.run_dir, f"{config.env} · {config.model} · grpo",
+               ["metrics.jsonl", "traces.jsonl", "checkpoints/"])  # fmt: skip
     return 0
 
 
@@ -353,9 +350,3 @@ def _report(progress: Any, row: dict[str, Any]) -> None:
         print(
             f"step {row['step']}: {text} loss={row['loss']:.4f} masked={row['episodes/masked']}", flush=True
         )
-
-
-async def _close(engine: Any) -> None:
-    closer = getattr(engine, "aclose", None)
-    if closer is not None:
-        await closer()

@@ -1,0 +1,69 @@
+"""Where the GRPO trainer's rollouts run: one small interface, two implementations.
+
+``InProcessRollouts`` runs the environment, the ``EngineClient`` and the engine on the trainer's
+event loop; ``ProcessRollouts`` (``rollout_process.py``) runs them in a child process that takes new
+weights through shared memory. The trainer's loop sees only ``Rollouts``, so it reads as one path
+whichever is chosen (``trainer.rollout_process``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import torch
+
+from bridges.grpo.policy import sync_weights
+from bridges.workflows.advantages import AdvantageMethod
+from bridges.workflows.types import Group
+
+
+class Rollouts(Protocol):
+    name: str  # the engine, for trace provenance
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def start(self, rows: list[dict[str, Any]], args: dict[str, Any]) -> asyncio.Future[list[Group]]:
+        """Begin generating one batch (``rows``, sampling ``args``); the future holds its scored groups."""
+        ...
+
+    async def update_weights(self, policy: torch.nn.Module) -> None:
+        """Hand the policy's new trainable weights to the engine; the weight version increments."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class InProcessRollouts:
+    """Rollouts on this event loop: ``run_groups`` over an ``EngineClient`` on ``engine``."""
+
+    def __init__(
+        self, engine: Any, env: Any, group_size: int, model: str, advantage: AdvantageMethod
+    ) -> None:
+        from bridges.client import EngineClient
+
+        self.engine = engine
+        self.name = str(getattr(engine, "name", type(engine).__name__))
+        self._client = EngineClient(engine, model_name=model)
+        self._env, self._group_size, self._model, self._advantage = env, group_size, model, advantage
+
+    @property
+    def weight_version(self) -> int:
+        return int(self.engine.weight_version)
+
+    def start(self, rows: list[dict[str, Any]], args: dict[str, Any]) -> asyncio.Future[list[Group]]:
+        from bridges.workflows.rollouts import run_groups
+
+        return asyncio.ensure_future(
+            run_groups(self._env, rows, self._client, self._group_size, args, model=self._model,
+                       advantage=self._advantage)
+        )  # fmt: skip
+
+    async def update_weights(self, policy: torch.nn.Module) -> None:
+        await sync_weights(self.engine, policy)
+
+    async def aclose(self) -> None:
+        closer = getattr(self.engine, "aclose", None)
+        if closer is not None:
+            await closer()
