@@ -25,7 +25,7 @@ from bridges.preflight import (
     check_writable_folder,
     claim_run_folder,
 )
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, refuse_ignored_keys
 
 
 def validate(config: TrainConfig, runner: Any) -> None:
@@ -41,6 +41,9 @@ def validate(config: TrainConfig, runner: Any) -> None:
             "'wandb' is needed for report_to=wandb but is not installed; install it with "
             "pip install 'rl-bridges[wandb]'."
         )
+    honoured = getattr(inspect.getmodule(runner), "SHARED_KEYS", None)
+    if honoured is not None:
+        refuse_ignored_keys(config, honoured)
     backend_checks = getattr(inspect.getmodule(runner), "validate", None)
     if backend_checks is not None:
         backend_checks(config)

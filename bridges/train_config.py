@@ -8,6 +8,7 @@ overrides, ``tinker.*``) instead of being re-declared here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,30 @@ class TrainerConfig:
     lora_target_modules: list[str] = option(
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="modules LoRA adapts"
     )
+
+
+def shared_keys() -> frozenset[str]:
+    """Every ``trainer.*`` and ``sampling.*`` key: what a backend declares it honours (``SHARED_KEYS``)."""
+    return frozenset(
+        [f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)]
+        + [f"sampling.{f.name}" for f in dataclasses.fields(SamplingConfig)]
+    )
+
+
+def refuse_ignored_keys(config: TrainConfig, honoured: frozenset[str]) -> None:
+    """A shared key set away from its default that the chosen backend never reads is refused: a run that
+    silently ignores ``trainer.beta=0.1`` is not the experiment its command line describes."""
+    from bridges.errors import ConfigError
+
+    defaults = {"trainer": TrainerConfig(), "sampling": SamplingConfig()}
+    for section, default in defaults.items():
+        for f in dataclasses.fields(default):
+            key, value = f"{section}.{f.name}", getattr(getattr(config, section), f.name)
+            if key not in honoured and value != getattr(default, f.name):
+                raise ConfigError(
+                    f"backend={config.backend} does not use {key} (set to {value}); remove it, or pass the "
+                    f"backend's own setting in its {config.backend}.* section."
+                )
 
 
 def lora_config(t: TrainerConfig) -> Any:

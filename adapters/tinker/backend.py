@@ -3,14 +3,14 @@
 One step: the batch's groups are rolled out through an ``EngineClient`` over the current Tinker
 sampling client, the groups that carry signal become ``Datum``s, ``forward_backward`` and
 ``optim_step`` are submitted back to back (Tinker runs them in order; we wait once), and a new
-sampling client is taken from the new weights. With ``tinker.max_steps_off_policy=k`` the next k
+sampling client is taken from the new weights. With ``trainer.num_batches_ahead=k`` the next k
 batches are already being sampled (from the weights of their time) while a step trains; the
 loss's importance ratio against the sampler's logprobs is what makes that sound.
 
 Settings (``tinker.*``): ``base_url`` (``local`` starts ``adapters.tinker.server`` in-process on the
 ``model``), ``base_model`` (the service's model name; default ``model``), ``loss_fn``
-(``importance_sampling`` | ``ppo`` | ``cispo``), ``clip_low``/``clip_high``, ``max_steps_off_policy``,
-``tokenizer`` (a local tokenizer folder for remote runs that must not reach the Hugging Face hub).
+(``importance_sampling`` | ``ppo`` | ``cispo``; ppo clips at ``trainer.epsilon``/``epsilon_high``,
+cispo truncates at ``trainer.ratio_cap``), ``tokenizer`` (a local tokenizer folder for remote runs that must not reach the Hugging Face hub).
 ``TINKER_API_KEY`` comes from the environment. Temperature must be 1: Tinker's sampler reports
 logprobs of the untempered distribution, so any other temperature would make every step silently
 off-policy.
@@ -29,9 +29,15 @@ from typing import Any
 
 from bridges.config import check_values, option
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, shared_keys
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
+# Tinker trains a LoRA of a given rank with its own Adam: no warmup, accumulation, KL reference,
+# LoRA alpha/dropout/targets or rollout process
+SHARED_KEYS = shared_keys() - {
+    "trainer.warmup_steps", "trainer.grad_accum_steps", "trainer.beta", "trainer.rollout_process",
+    "trainer.lora_alpha", "trainer.lora_dropout", "trainer.lora_target_modules",
+}  # fmt: skip
 # the local server's (and Tinker's) optimizer metrics under the names every backend uses
 TINKER_METRIC_NAMES = {"optim/grad_norm": "grad_norm", "optim/lr": "lr", "optim/skipped": "skipped_nonfinite"}
 
@@ -43,9 +49,6 @@ class TinkerOptions:
     )
     base_model: str | None = option(None, help="the service's model name; default: model")
     loss_fn: str = option("importance_sampling", choices=LOSS_FNS, help="Tinker's built-in RL loss")
-    clip_low: float | None = option(None, gt=0.0, help="ppo/cispo lower clip threshold of the ratio")
-    clip_high: float | None = option(None, gt=0.0, help="ppo/cispo upper clip threshold of the ratio")
-    max_steps_off_policy: int = option(0, ge=0, help="batches sampled ahead of the step being trained")
     tokenizer: str | None = option(None, help="a local tokenizer folder for remote runs")
     adam_beta2: float = option(0.999, gt=0.0, le=0.999999, help="Adam beta2")
     adam_eps: float = option(1e-8, gt=0.0, help="Adam epsilon")
@@ -68,15 +71,18 @@ class TinkerOptions:
         check_values(options, prefix="tinker.")
         return options  # type: ignore[return-value]
 
-    def loss_fn_config(self) -> dict[str, float] | None:
-        if self.loss_fn == "importance_sampling":
-            return None
-        config = {}
-        if self.clip_low is not None:
-            config["clip_low_threshold"] = float(self.clip_low)
-        if self.clip_high is not None:
-            config["clip_high_threshold"] = float(self.clip_high)
-        return config or None
+    def loss_fn_config(self, trainer: Any) -> dict[str, float] | None:
+        """Clip thresholds from the shared keys, as the other backends read them: ppo keeps the ratio in
+        [1 - epsilon, 1 + epsilon_high]; cispo truncates it at ``ratio_cap`` (its default when None)."""
+        if self.loss_fn == "ppo":
+            high = trainer.epsilon_high if trainer.epsilon_high is not None else trainer.epsilon
+            return {
+                "clip_low_threshold": 1.0 - float(trainer.epsilon),
+                "clip_high_threshold": 1.0 + float(high),
+            }
+        if self.loss_fn == "cispo" and trainer.ratio_cap is not None:
+            return {"clip_low_threshold": 0.0, "clip_high_threshold": float(trainer.ratio_cap)}
+        return None
 
 
 def validate(config: TrainConfig) -> None:
@@ -215,7 +221,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     started = time.perf_counter()
     try:
         while step < t.max_steps:
-            while next_step < t.max_steps and len(pending) <= options.max_steps_off_policy:
+            while next_step < t.max_steps and len(pending) <= t.num_batches_ahead:
                 pending.append(generate(sampler, step, next_step, next_position))
                 next_step, next_position = next_step + 1, next_position + t.batch_size
             waited = time.perf_counter()
@@ -228,7 +234,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
             result: dict[str, float] = {"loss": 0.0, "optim/grad_norm": 0.0, "optim/lr": t.learning_rate}
             if samples:
                 datums = [sample_to_datum(s) for s in samples]
-                backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config())
+                backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config(t))
                 update = training.optim_step(adam)  # queued behind forward_backward on the service
                 out, optim = await backward, await update
                 result = {"loss": float(out.metrics.get("loss:sum", 0.0)), **(optim.metrics or {})}

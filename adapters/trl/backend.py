@@ -19,13 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig, lora_config
+from bridges.train_config import TrainConfig, lora_config, shared_keys
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
 TRL_METRIC_NAMES = {
     "reward": "reward/mean", "reward_std": "reward/std", "learning_rate": "lr",
     "completions/mean_length": "tokens/completion_mean", "env/errored_fraction": "episodes/masked_fraction",
     "frac_reward_zero_std": "groups/zero_variance_fraction", "step_time": "timing/trl_step_s",
+}  # fmt: skip
+
+
+# TRL runs its own generation and step: no importance-ratio cap, no pipelining, no rollout process; its
+# rollout_func runs each batch's groups with the environment's own concurrency
+SHARED_KEYS = shared_keys() - {
+    "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
 }  # fmt: skip
 
 

@@ -26,12 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, shared_keys
 
 AGENT_LOOP_TARGET = "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
 MICRO_BATCH_PER_GPU = (
     4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
 )
+
+# verl's own trainer takes these from the shared keys (overrides()); accumulation, the ratio cap, the
+# generation pipeline, concurrency, the rollout process and LoRA dropout are verl.* settings of its own
+SHARED_KEYS = shared_keys() - {
+    "trainer.grad_accum_steps", "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent",
+    "trainer.rollout_process", "trainer.lora_dropout",
+}  # fmt: skip
 
 
 def agent_name(config: TrainConfig) -> str:

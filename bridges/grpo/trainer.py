@@ -49,12 +49,13 @@ from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.grpo.policy import load_policy, make_engine
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
 from bridges.metrics import MetricsLogger, finish_run
-from bridges.train_config import TrainConfig
+from bridges.train_config import TrainConfig, shared_keys
 from bridges.workflows.advantages import advantage_method
 from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
 from bridges.workflows.traces import TraceWriter
 from bridges.workflows.types import Group, TrainingSample
 
+SHARED_KEYS = shared_keys()  # the bundled trainer reads every shared key
 MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
 
 # --------------------------------------------------------------------------------------------------

@@ -51,7 +51,16 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
     (["dry_run=true", "backend=trl", "trl.learning_rat=1"], "'trl.learning_rat' is not a GRPOConfig field"),
     (["dry_run=true", "backend=trl", "engine=vllm"], "backend=trl generates with TRL's own engine"),
-    (["backend=tinker", "tinker.base_url=local", "tinker.max_steps_off_policy=-1"], "must be at least 0"),
+    (
+        ["backend=tinker", "tinker.base_url=local", "tinker.max_steps_off_policy=1"],
+        "unknown key 'tinker.max_steps_off_policy'",
+    ),
+    (
+        ["backend=tinker", "tinker.base_url=local", "trainer.beta=0.1"],
+        "backend=tinker does not use trainer.beta (set to 0.1)",
+    ),
+    (["backend=trl", "trainer.ratio_cap=2.0"], "backend=trl does not use trainer.ratio_cap (set to 2.0)"),
+    (["backend=verl", "trainer.rollout_process=true"], "backend=verl does not use trainer.rollout_process"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
     (["backend=verl", "dry_run=true", "engine=hf"], "backend=verl samples with verl's own rollout servers"),
 ]
