@@ -83,7 +83,7 @@ def refuse_ignored_keys(config: TrainConfig, honoured: frozenset[str]) -> None:
     silently ignores ``trainer.beta=0.1`` is not the experiment its command line describes."""
     from bridges.errors import ConfigError
 
-    defaults = {"trainer": TrainerConfig(), "sampling": SamplingConfig()}
+    defaults: dict[str, Any] = {"trainer": TrainerConfig(), "sampling": SamplingConfig()}
     for section, default in defaults.items():
         for f in dataclasses.fields(default):
             key, value = f"{section}.{f.name}", getattr(getattr(config, section), f.name)
