@@ -48,6 +48,9 @@ class ZeroLatencyEngine:
         ]
         self._logprobs = [-0.5] * len(self._ids)
 
+    async def aclose(self) -> None:  # nothing to release
+        return None
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         return [Sample(list(self._ids), list(self._logprobs), "stop") for _ in range(n)]
 

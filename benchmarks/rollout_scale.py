@@ -47,6 +47,9 @@ class LatencyEngine:
             tokenizer.eos_token_id
         ]
 
+    async def aclose(self) -> None:  # nothing to release
+        return None
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         self.calls += 1
         await asyncio.sleep(self.latency)

@@ -79,11 +79,11 @@ def check(config: CompareConfig) -> None:
 @contextlib.asynccontextmanager
 async def backend_client(name: str, config: CompareConfig, model_path: str) -> Any:
     """An ``EngineClient`` over the engine ``name`` trains with (and the label of that engine)."""
-    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
+    from bridges.engines import load_engine
 
     if name in ("grpo", "trl"):
-        engine = HFEngine.from_pretrained(model_path)
+        engine = load_engine("hf", model_path)
         try:
             yield EngineClient(engine, model_name=config.model), "hf"
         finally:

@@ -195,11 +195,11 @@ def build_client(config: EvalConfig) -> Any:
         return build_openai_client(config.base_url, config.api_key_var)
     import torch
 
-    from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
+    from bridges.engines import load_engine
 
     torch.manual_seed(config.seed)
-    return EngineClient(HFEngine.from_pretrained(config.model), model_name=config.model)
+    return EngineClient(load_engine("hf", config.model), model_name=config.model)
 
 
 def save_dataset(records: list[dict[str, Any]], path: Path) -> None:

@@ -22,10 +22,9 @@ from typing import Any
 
 from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.config import option, parse_config, run_cli
+from bridges.engines import ENGINES, load_engine
 from bridges.errors import ConfigError
 from bridges.http_server import ServerThread, check_bind
-
-ENGINES: dict[str, str] = {"hf": "bridges.adapters.hf:HFEngine", "vllm": "bridges.adapters.vllm:VLLMEngine"}
 
 
 @dataclass
@@ -264,19 +263,11 @@ def serve_in_thread(
 
 
 def build_engine(config: ServeConfig) -> Any:
-    """The engine named by ``config.engine`` (imported lazily; a missing backend is one sentence)."""
-    import importlib
-
-    module_name, cls_name = ENGINES[config.engine].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"engine '{config.engine}' is not available here ({exc}).") from exc
-    engine_cls = getattr(module, cls_name)
-    kwargs: dict[str, Any] = {"device": config.device}
+    """The engine named by ``config.engine``, from the engine table (a missing extra is one sentence)."""
+    options: dict[str, Any] = {"device": config.device}
     if config.engine == "hf":
-        kwargs["max_batch_size"] = config.max_batch_size
-    return engine_cls.from_pretrained(config.model, **kwargs)
+        options["max_batch_size"] = config.max_batch_size
+    return load_engine(config.engine, config.model, **options)
 
 
 def main(argv: list[str] | None = None) -> int:

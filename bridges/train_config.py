@@ -16,7 +16,7 @@ from typing import Any
 from bridges.config import option
 
 LOSS_TYPES = ("grpo", "dr_grpo")
-ENGINES = ("auto", "hf", "vllm")
+ENGINES = ("auto", "hf", "vllm")  # auto, or a name in bridges.engines.ENGINES
 
 
 @dataclass

@@ -86,11 +86,46 @@ class Sample:
 
 @runtime_checkable
 class Engine(Protocol):
-    """The token-level seam every backend implements: prompt ids in, sampled ids + logprobs out."""
+    """The token-level seam every backend implements: prompt ids in, sampled ids + logprobs out.
 
-    tokenizer: Any  # a transformers PreTrainedTokenizerBase with the policy's chat template
+    Everything a caller may use is declared here, so no caller probes an engine with ``getattr``.
+    """
+
+    @property
+    def tokenizer(self) -> Any:
+        """A transformers PreTrainedTokenizerBase with the policy's chat template."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """Reported as the response's owner and in trace provenance."""
+        ...
+
+    @property
+    def weight_version(self) -> int:
+        """Increments with every weight update; stamped on each Sample."""
+        ...
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context window (prompt + completion); None when unknown."""
+        ...
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]: ...
+
+    async def aclose(self) -> None:
+        """Release what the engine holds (worker tasks, HTTP clients); generate fails afterwards."""
+        ...
+
+
+@runtime_checkable
+class TrainableEngine(Engine, Protocol):
+    """An engine whose weights the trainer updates in place (the hf and vLLM engines)."""
+
+    async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> Any:
+        """Load the trainable tensors (``policy``: the live model, for engines that share its storage);
+        ``weight_version`` increments."""
+        ...
 
 
 class Turn(BaseModel):

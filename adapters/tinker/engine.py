@@ -76,3 +76,6 @@ class TinkerEngine:
                 raise ConfigError("the Tinker sampler returned no logprob per sampled token; RL needs them.")
             samples.append(Sample(tokens, [float(x) for x in logprobs], sequence.stop_reason, version))
         return samples
+
+    async def aclose(self) -> None:
+        """Nothing to release: the backend owns the server or client this engine talks to."""

@@ -159,9 +159,7 @@ def trl_rollout_func(
                         *(run_group(env, row, client, n, args, model=model_name) for row in group_rows)
                     )
                 finally:
-                    closer = getattr(engine, "aclose", None)
-                    if closer is not None:
-                        await closer()
+                    await engine.aclose()
                 return [state for group in groups for state in group.states]
 
             states = run_sync(run_all())

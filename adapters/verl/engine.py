@@ -90,3 +90,6 @@ class VerlServerEngine:
         steps = (getattr(out, "extra_fields", None) or {}).get("global_steps")
         version = int(steps) if isinstance(steps, int) else self.weight_version  # the policy that sampled it
         return Sample(token_ids, logprobs, reason, version)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        """Nothing to release: the backend owns the server or client this engine talks to."""

@@ -65,3 +65,6 @@ class VLLMColocateEngine:
                 for _, _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the backend owns the server or client this engine talks to."""

@@ -318,7 +318,7 @@ class EngineClient(openai.AsyncOpenAI):
         return key
 
     def _model_card(self) -> Model:
-        owner = getattr(self.engine, "name", None) or "rl-bridges"
+        owner = self.engine.name or "rl-bridges"
         return Model(id=self.model_name, created=0, object="model", owned_by=str(owner))
 
     # -- engine call ---------------------------------------------------------------------------
@@ -369,7 +369,7 @@ class EngineClient(openai.AsyncOpenAI):
 
     def _budget(self, prompt_len: int, max_tokens: int | None, params: SamplingParams, path: str) -> None:
         """Refuse a prompt that does not fit the context window; clamp max_tokens to what is left."""
-        window = getattr(self.engine, "max_model_len", None)
+        window = self.engine.max_model_len
         if window is None:
             if max_tokens is not None:
                 params.max_tokens = max_tokens

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
+from bridges.engines import engine_class
 from bridges.train_config import TrainConfig, lora_config
+from bridges.types import TrainableEngine
 
 
 def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
@@ -37,15 +39,11 @@ def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) ->
     if choice == "auto":
         choice = "vllm" if torch.cuda.is_available() and _vllm_installed() else "hf"
     if choice == "vllm":
-        from bridges.adapters.vllm import VLLMEngine
-
-        return VLLMEngine.for_training(config, policy, tokenizer)
-    from bridges.adapters.hf import HFEngine
-
+        return engine_class("vllm").for_training(config, policy, tokenizer)
     # The engine gets its own copy of the weights: training mutates the policy in another thread
     # while the engine samples the next batch, and a batch must never see half-updated weights.
     engine_model = copy.deepcopy(policy).eval()
-    return HFEngine(engine_model, tokenizer, max_batch_size=max(64, config.trainer.group_size))
+    return engine_class("hf")(engine_model, tokenizer, max_batch_size=max(64, config.trainer.group_size))
 
 
 def _vllm_installed() -> bool:
@@ -54,15 +52,11 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-async def sync_weights(engine: Any, policy: torch.nn.Module) -> None:
+async def sync_weights(engine: TrainableEngine, policy: torch.nn.Module) -> None:
     """Push the new policy weights to the engine; its weight_version increments.
 
     Only trainable tensors travel (the LoRA matrices when training an adapter).
     """
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     state = {k: v for k, v in policy.state_dict().items() if k in trainable}
-    async_update = getattr(engine, "aupdate_weights", None)
-    if async_update is not None:
-        await async_update(state, policy=policy)
-    else:
-        engine.update_weights(state)
+    await engine.aupdate_weights(state, policy=policy)

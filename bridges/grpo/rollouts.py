@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from bridges.grpo.policy import sync_weights
+from bridges.types import TrainableEngine
 from bridges.workflows.advantages import AdvantageMethod
 from bridges.workflows.types import Group
 
@@ -39,12 +40,12 @@ class InProcessRollouts:
     """Rollouts on this event loop: ``run_groups`` over an ``EngineClient`` on ``engine``."""
 
     def __init__(
-        self, engine: Any, env: Any, group_size: int, model: str, advantage: AdvantageMethod
+        self, engine: TrainableEngine, env: Any, group_size: int, model: str, advantage: AdvantageMethod
     ) -> None:
         from bridges.client import EngineClient
 
         self.engine = engine
-        self.name = str(getattr(engine, "name", type(engine).__name__))
+        self.name = engine.name
         self._client = EngineClient(engine, model_name=model)
         self._env, self._group_size, self._model, self._advantage = env, group_size, model, advantage
 
@@ -64,6 +65,4 @@ class InProcessRollouts:
         await sync_weights(self.engine, policy)
 
     async def aclose(self) -> None:
-        closer = getattr(self.engine, "aclose", None)
-        if closer is not None:
-            await closer()
+        await self.engine.aclose()

@@ -71,6 +71,9 @@ class ScriptedEngine:
         logprobs = [-0.1 * (1 + (i % 7)) for i in range(len(ids))]
         return Sample(ids, logprobs, finish, weight_version=self.weight_version, stop_str=stop_str)
 
+    async def aclose(self) -> None:  # nothing to release
+        return None
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         self.calls.append(EngineCall(list(prompt_ids), params, n))
         if self.delay:
