@@ -1,0 +1,142 @@
+"""The engine contract: every engine that runs on this CPU passes the same checks at the token seam.
+
+hf (transformers), verl's server seam (``VerlServerEngine`` over the hf stand-in server manager),
+Tinker (``TinkerEngine`` over the local Tinker-compatible server, through the real SDK) and the
+fault-injecting test engine with no fault planned. What every backend's trainer relies on: the
+protocol's members, ``n`` samples of at most ``max_tokens`` ids with exactly one finite, non-positive
+logprob each, a finish reason from the three allowed, the engine's weight version on every sample,
+stop strings honoured, and a clean ``aclose``. (vLLM is checked only on a GPU machine; its request
+conversion is tested in tests/adapters/test_vllm_seams.py.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridges.types import Engine, SamplingParams
+
+KINDS = ["hf", "verl", "tinker", "faulty"]
+
+
+@pytest.fixture(scope="module")
+def tinker_server(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from bridges.adapters.tinker.server import start_local_server
+
+    saved = os.environ.get("TINKER_API_KEY")
+    server = start_local_server(str(tiny_path), tmp_path_factory.mktemp("tinker"), model_name="tiny")
+    try:
+        yield server
+    finally:
+        server.close()
+        if saved is None:
+            os.environ.pop("TINKER_API_KEY", None)
+
+
+@pytest.fixture(params=KINDS)
+async def engine(request: pytest.FixtureRequest, tiny_path: Path, tiny_tokenizer: Any) -> AsyncIterator[Any]:
+    from bridges.engines import load_engine
+
+    kind = request.param
+    if kind == "hf":
+        built = load_engine("hf", str(tiny_path))
+    elif kind == "faulty":
+        from faulty_engine import FaultyEngine
+
+        built = FaultyEngine(load_engine("hf", str(tiny_path)))
+    elif kind == "verl":
+        from bridges.adapters.verl.engine import VerlServerEngine
+        from bridges.adapters.verl.local_server import HFServerManager
+
+        base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        built = VerlServerEngine(HFServerManager(str(tiny_path)), tiny_tokenizer, base_sampling_params=base,
+                                 response_length=1 << 30)  # fmt: skip
+    else:
+        import tinker
+
+        from bridges.adapters.tinker.engine import TinkerEngine
+
+        server = request.getfixturevalue("tinker_server")
+        sampler = await tinker.ServiceClient(base_url=server.url).create_sampling_client_async(
+            base_model="tiny"
+        )
+        built = TinkerEngine(sampler, tiny_tokenizer)
+    yield built
+    await built.aclose()
+
+
+def prompt(tokenizer: Any) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], add_generation_prompt=True)[
+        "input_ids"
+    ]
+
+
+async def test_every_engine_satisfies_the_protocol(engine: Any):
+    assert isinstance(engine, Engine)
+    assert isinstance(engine.name, str) and engine.name
+    assert isinstance(engine.weight_version, int)
+    assert engine.max_model_len is None or engine.max_model_len > 0
+
+
+async def test_n_samples_with_one_finite_logprob_per_token(engine: Any):
+    params = SamplingParams(max_tokens=5, temperature=1.0, seed=7)
+    samples = await engine.generate(prompt(engine.tokenizer), params, n=3)
+    assert len(samples) == 3
+    for sample in samples:
+        assert 0 < len(sample.token_ids) <= 5
+        assert len(sample.logprobs) == len(sample.token_ids)
+        assert all(math.isfinite(lp) and lp <= 1e-6 for lp in sample.logprobs)
+        assert sample.finish_reason in ("stop", "length", "abort")
+        assert sample.finish_reason == "length" or len(sample.token_ids) < 5 or sample.finish_reason == "stop"
+        assert sample.weight_version == engine.weight_version
+        assert all(isinstance(t, int) and 0 <= t < len(engine.tokenizer) for t in sample.token_ids)
+
+
+async def test_max_tokens_bounds_every_sample(engine: Any):
+    for cap in (1, 3):
+        samples = await engine.generate(prompt(engine.tokenizer), SamplingParams(max_tokens=cap, seed=1), n=2)
+        assert all(1 <= len(s.token_ids) <= cap for s in samples)
+        assert all(
+            s.finish_reason == "length"
+            for s in samples
+            if len(s.token_ids) == cap and s.finish_reason != "stop"
+        )
+
+
+async def test_greedy_sampling_is_repeatable(engine: Any, tiny_path: Path, tiny_tokenizer: Any):
+    if engine.name == "verl":  # verl's rollout config owns the sampling parameters: greedy is set there
+        from bridges.adapters.verl.engine import VerlServerEngine
+        from bridges.adapters.verl.local_server import HFServerManager
+
+        greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        engine = VerlServerEngine(HFServerManager(str(tiny_path)), tiny_tokenizer, base_sampling_params=greedy,
+                                  response_length=1 << 30)  # fmt: skip
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    first = await engine.generate(prompt(engine.tokenizer), params)
+    again = await engine.generate(prompt(engine.tokenizer), params)
+    assert first[0].token_ids == again[0].token_ids
+
+
+@pytest.mark.parametrize("kind", ["hf", "faulty"])
+async def test_trainable_engines_bump_their_weight_version(kind: str, tiny_path: Path):
+    from bridges.engines import load_engine
+    from bridges.types import TrainableEngine
+
+    engine = load_engine("hf", str(tiny_path))
+    if kind == "faulty":
+        from faulty_engine import FaultyEngine
+
+        engine = FaultyEngine(engine)
+    assert isinstance(engine, TrainableEngine)
+    before = engine.weight_version
+    model = (engine.inner if kind == "faulty" else engine).model
+    state = {k: v for k, v in model.state_dict().items() if "lm_head" in k}
+    await engine.aupdate_weights(state)
+    samples = await engine.generate(prompt(engine.tokenizer), SamplingParams(max_tokens=2))
+    assert engine.weight_version == before + 1 == samples[0].weight_version
+    await engine.aclose()
