@@ -49,6 +49,12 @@ def groups_to_samples(
     return samples, stats
 
 
+def batch_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step's batch: a function of the run's seed and the step alone, so a
+    resumed run samples step k exactly as the first run did (whatever the pipelining timing)."""
+    return seed * 7919 + step
+
+
 def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, Any]:
     episodes = [e for g in groups for e in g.episodes]
     valid = [e for e in episodes if e.valid]

@@ -60,6 +60,27 @@ class TraceWriter:
         self.close()
 
 
+def open_run_files(
+    config: Any,
+    run_dir: Path,
+    backend: str,
+    engine: str,
+    model: str,
+    sampling_args: dict[str, Any],
+    step: int,
+) -> tuple[Any, TraceWriter]:
+    """A training run's ``metrics.jsonl`` logger and ``traces.jsonl`` writer, both cut back to ``step``
+    (the checkpoint a resumed run starts from), with the provenance every trace line carries."""
+    import dataclasses
+
+    from bridges.metrics import MetricsLogger
+
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step)
+    provenance = {"backend": backend, "engine": engine, "model": model, "env_id": config.env,
+                  "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed}  # fmt: skip
+    return logger, TraceWriter(run_dir / "traces.jsonl", provenance, resume_step=step)
+
+
 def _drop_partial_last_line(path: Path) -> None:
     """A run killed mid-write leaves a cut last line; appending after it would glue the next record
     onto it and corrupt both. The cut record was never finished, so it is dropped."""

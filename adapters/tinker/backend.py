@@ -29,7 +29,7 @@ from typing import Any
 
 from bridges.config import check_values, option
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig, shared_keys
+from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
 # Tinker trains a LoRA of a given rank with its own Adam: no warmup, accumulation, KL reference,
@@ -70,6 +70,19 @@ class TinkerOptions:
             raise ConfigError(f"invalid value for config key 'tinker.{exc.full_key}': {detail}.") from None
         check_values(options, prefix="tinker.")
         return options  # type: ignore[return-value]
+
+    def adam_params(self, trainer: Any) -> Any:
+        """Tinker's AdamParams from the shared optimisation keys (sent with every optim_step)."""
+        from tinker import types
+
+        return types.AdamParams(
+            learning_rate=trainer.learning_rate,
+            beta1=0.9,
+            beta2=self.adam_beta2,
+            eps=self.adam_eps,
+            weight_decay=trainer.weight_decay,
+            grad_clip_norm=trainer.max_grad_norm,
+        )
 
     def loss_fn_config(self, trainer: Any) -> dict[str, float] | None:
         """Clip thresholds from the shared keys, as the other backends read them: ppo keeps the ratio in
@@ -144,85 +157,108 @@ def run(config: TrainConfig) -> int:
             server.close()
 
 
+async def _open_training(
+    config: TrainConfig, service: Any, checkpoints: Checkpoints, base_model: str
+) -> tuple[Any, int, int]:
+    """The training client, resumed from the last ``save_state`` when asked, and its step and data position."""
+    resume = checkpoints.latest() if config.resume else None
+    if config.resume and resume is None:
+        print(f"resume=true but {checkpoints.path} lists no checkpoint; starting from step 0.")
+    if resume is None:
+        training = await service.create_lora_training_client(
+            base_model=base_model, rank=config.trainer.lora_rank or 32, seed=config.seed
+        )
+        return training, 0, 0
+    training = await service.create_training_client_from_state_with_optimizer(resume["path"])
+    step, position = int(resume["step"]), int(resume["data_position"])
+    print(f"resumed from {resume['path']} (step {step}, data position {position})")
+    return training, step, position
+
+
+async def _optimize(
+    training: Any, options: TinkerOptions, t: Any, adam: Any, samples: list[Any]
+) -> tuple[dict[str, float], Any]:
+    """``forward_backward`` and ``optim_step`` submitted back to back (Tinker runs them in order; we wait
+    once), then a sampler on the new weights. Nothing to train: zeros and no new sampler."""
+    from bridges.adapters.tinker.datums import sample_to_datum
+
+    if not samples:
+        return {"loss": 0.0, "optim/grad_norm": 0.0, "optim/lr": t.learning_rate}, None
+    datums = [sample_to_datum(s) for s in samples]
+    backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config(t))
+    update = training.optim_step(adam)  # queued behind forward_backward on the service
+    out, optim = await backward, await update
+    result = {"loss": float(out.metrics.get("loss:sum", 0.0)), **(optim.metrics or {})}
+    return result, await training.save_weights_and_get_sampling_client()
+
+
+class _Sampling:
+    """Starts a batch's rollouts through an ``EngineClient`` over a Tinker sampling client."""
+
+    def __init__(
+        self, config: TrainConfig, env: Any, tokenizer: Any, model: str, sampling_args: dict[str, Any]
+    ):
+        self.config, self.env, self.tokenizer, self.model = config, env, tokenizer, model
+        self.dataset, self.sampling_args = env.get_dataset(), sampling_args
+
+    def start(self, sampler: Any, version: int, step: int, position: int) -> asyncio.Task[Any]:
+        from bridges.adapters.tinker.engine import TinkerEngine
+        from bridges.client import EngineClient
+        from bridges.workflows.advantages import advantage_method
+        from bridges.workflows.batches import batch_seed, rows_at
+        from bridges.workflows.rollouts import run_groups
+
+        t = self.config.trainer
+        client = EngineClient(
+            TinkerEngine(sampler, self.tokenizer, weight_version=version), model_name=self.model
+        )
+        rows = rows_at(self.dataset, position, t.batch_size, self.config.seed)
+        args = {**self.sampling_args, "seed": batch_seed(self.config.seed, step)}
+        return asyncio.create_task(
+            run_groups(
+                self.env,
+                rows,
+                client,
+                t.group_size,
+                args,
+                model=self.model,
+                advantage=advantage_method(t.loss),
+            )
+        )
+
+
 async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     import tinker
-    from tinker import types
     from transformers import AutoTokenizer
 
-    from bridges.adapters.tinker.datums import sample_to_datum
-    from bridges.adapters.tinker.engine import TinkerEngine
-    from bridges.client import EngineClient
-    from bridges.metrics import MetricsLogger, finish_run, renamed
+    from bridges.metrics import finish_run, renamed
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
-    from bridges.workflows.advantages import advantage_method
-    from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
-    from bridges.workflows.rollouts import run_groups
-    from bridges.workflows.traces import TraceWriter
+    from bridges.workflows.batches import groups_to_samples, step_metrics
+    from bridges.workflows.traces import open_run_files
 
     t = config.trainer
     run_dir = Path(config.output_dir) / config.resolved_run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     env = load_environment(config.env, **config.env_args)
     env.max_concurrent = t.max_concurrent
-    dataset = env.get_dataset()
     base_model = options.base_model or config.model
-    service = tinker.ServiceClient(base_url=options.base_url)
     checkpoints = Checkpoints(run_dir)
-    resume = checkpoints.latest() if config.resume else None
-    if config.resume and resume is None:
-        print(f"resume=true but {checkpoints.path} lists no checkpoint; starting from step 0.")
-    if resume is not None:
-        training = await service.create_training_client_from_state_with_optimizer(resume["path"])
-        step, position = int(resume["step"]), int(resume["data_position"])
-        print(f"resumed from {resume['path']} (step {step}, data position {position})")
-    else:
-        training = await service.create_lora_training_client(
-            base_model=base_model, rank=t.lora_rank or 32, seed=config.seed
-        )
-        step, position = 0, 0
-    if options.tokenizer or base_model == config.model:
-        tokenizer = AutoTokenizer.from_pretrained(options.tokenizer or resolve_model_path(config.model))
-    else:
-        tokenizer = training.get_tokenizer()
-
-    sampling_args: dict[str, Any] = {
-        **(env.sampling_args or {}),
-        "temperature": 1.0,
-        "top_p": config.sampling.top_p,
-    }
-    if config.sampling.max_tokens is not None:
-        sampling_args["max_tokens"] = config.sampling.max_tokens
-    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step)
-    traces = TraceWriter(
-        run_dir / "traces.jsonl",
-        {"backend": "tinker", "engine": "tinker", "model": base_model, "env_id": config.env,
-         "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed},
-        resume_step=step,
-    )  # fmt: skip
-    adam = types.AdamParams(
-        learning_rate=t.learning_rate, beta1=0.9, beta2=options.adam_beta2, eps=options.adam_eps,
-        weight_decay=t.weight_decay, grad_clip_norm=t.max_grad_norm,
-    )  # fmt: skip
-
-    def generate(sampler: Any, version: int, at_step: int, at_position: int) -> asyncio.Task[Any]:
-        client = EngineClient(TinkerEngine(sampler, tokenizer, weight_version=version), model_name=base_model)
-        rows = rows_at(dataset, at_position, t.batch_size, config.seed)
-        args = {**sampling_args, "seed": config.seed * 7919 + at_step}
-        return asyncio.create_task(
-            run_groups(
-                env, rows, client, t.group_size, args, model=base_model, advantage=advantage_method(t.loss)
-            )
-        )
-
+    service = tinker.ServiceClient(base_url=options.base_url)
+    training, step, position = await _open_training(config, service, checkpoints, base_model)
+    local = options.tokenizer or (resolve_model_path(config.model) if base_model == config.model else None)
+    tokenizer = AutoTokenizer.from_pretrained(local) if local else training.get_tokenizer()
+    sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: check_config
+    sampling = _Sampling(config, env, tokenizer, base_model, sampling_args)
+    logger, traces = open_run_files(config, run_dir, "tinker", "tinker", base_model, sampling_args, step)
+    adam = options.adam_params(t)
     sampler = await training.save_weights_and_get_sampling_client()
     pending: deque[asyncio.Task[Any]] = deque()
-    next_step, next_position = step, position
-    started = time.perf_counter()
+    next_step, next_position, started = step, position, time.perf_counter()
     try:
         while step < t.max_steps:
             while next_step < t.max_steps and len(pending) <= t.num_batches_ahead:
-                pending.append(generate(sampler, step, next_step, next_position))
+                pending.append(sampling.start(sampler, step, next_step, next_position))
                 next_step, next_position = next_step + 1, next_position + t.batch_size
             waited = time.perf_counter()
             groups = await pending.popleft()
@@ -231,42 +267,23 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
                 traces.write_group(group, step=step + 1)
             samples, stats = groups_to_samples(groups, t.max_completion_length)
             trained = time.perf_counter()
-            result: dict[str, float] = {"loss": 0.0, "optim/grad_norm": 0.0, "optim/lr": t.learning_rate}
-            if samples:
-                datums = [sample_to_datum(s) for s in samples]
-                backward = training.forward_backward(datums, options.loss_fn, options.loss_fn_config(t))
-                update = training.optim_step(adam)  # queued behind forward_backward on the service
-                out, optim = await backward, await update
-                result = {"loss": float(out.metrics.get("loss:sum", 0.0)), **(optim.metrics or {})}
-                sampler = await training.save_weights_and_get_sampling_client()
+            result, new_sampler = await _optimize(training, options, t, adam, samples)
+            sampler = new_sampler or sampler
             step, position = step + 1, position + t.batch_size
-            row = {
-                "step": step,
-                **step_metrics(groups, stats, step),
-                **result,
-                "datums": len(samples),
-                "timing/wait_generation_s": waited,
-                "timing/train_s": time.perf_counter() - trained,
-                "timing/elapsed_s": time.perf_counter() - started,
-            }
+            row = {"step": step, **step_metrics(groups, stats, step), **result, "datums": len(samples),
+                   "timing/wait_generation_s": waited, "timing/train_s": time.perf_counter() - trained,
+                   "timing/elapsed_s": time.perf_counter() - started}  # fmt: skip
             logger.log(renamed(row, TINKER_METRIC_NAMES))
-            print(
-                f"step {step}: reward={row['reward/mean'] or 0:.3f} datums={len(samples)} loss={result['loss']:.4f}",
-                flush=True,
-            )
+            print(f"step {step}: reward={row['reward/mean'] or 0:.3f} datums={len(samples)} loss={result['loss']:.4f}",
+                  flush=True)  # fmt: skip
             if (config.save_every > 0 and step % config.save_every == 0) or step == t.max_steps:
-                saved = await training.save_state(f"step_{step:06d}")
-                checkpoints.record(step, position, saved.path)
+                checkpoints.record(step, position, (await training.save_state(f"step_{step:06d}")).path)
     finally:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         traces.close()
         logger.close()
-    finish_run(
-        logger.rows,
-        run_dir,
-        f"{config.env} · {base_model} · tinker",
-        ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"],
-    )
+    finish_run(logger.rows, run_dir, f"{config.env} · {base_model} · tinker",
+               ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"])  # fmt: skip
     return 0

@@ -48,11 +48,11 @@ from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_che
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.grpo.policy import load_policy, make_engine
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
-from bridges.metrics import MetricsLogger, finish_run
-from bridges.train_config import TrainConfig, shared_keys
+from bridges.metrics import finish_run
+from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
-from bridges.workflows.batches import groups_to_samples, rows_at, step_metrics
-from bridges.workflows.traces import TraceWriter
+from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics
+from bridges.workflows.traces import open_run_files
 from bridges.workflows.types import Group, TrainingSample
 
 SHARED_KEYS = shared_keys()  # the bundled trainer reads every shared key
@@ -209,10 +209,7 @@ def _prepare(config: TrainConfig) -> _Run:
     if resumed is not None:
         state, resume_from = resumed
         print(f"resumed from {resume_from} (step {state.step}, data position {state.data_position})")
-    sampling_args: dict[str, Any] = {**(env.sampling_args or {})}
-    if config.sampling.max_tokens is not None:
-        sampling_args["max_tokens"] = config.sampling.max_tokens
-    sampling_args.update(temperature=config.sampling.temperature, top_p=config.sampling.top_p)
+    sampling_args = rollout_sampling_args(config, env.sampling_args)
     ctx = StepContext(
         policy=policy,
         reference=copy.deepcopy(policy).eval().requires_grad_(False) if t.beta != 0.0 else None,
@@ -288,12 +285,9 @@ async def _run(config: TrainConfig) -> int:
     run = _prepare(config)
     t = config.trainer
     rollouts = _rollouts(run)
-    logger = MetricsLogger(
-        run.run_dir, dataclasses.asdict(config), config.report_to, resume_step=run.state.step
+    logger, traces = open_run_files(
+        config, run.run_dir, "grpo", rollouts.name, config.model, run.sampling_args, run.state.step
     )
-    provenance = {"backend": "grpo", "engine": rollouts.name, "model": config.model, "env_id": config.env,
-                  "env_args": config.env_args, "sampling_args": run.sampling_args, "seed": config.seed}  # fmt: skip
-    traces = TraceWriter(run.run_dir / "traces.jsonl", provenance, resume_step=run.state.step)
     progress = _progress_bar(config.progress, t.max_steps, run.state.step)
     # Async pipeline: batches for the next `num_batches_ahead` steps are already generating while we
     # train; each is tagged with its step, so its seeds and data rows do not depend on timing.
@@ -305,7 +299,7 @@ async def _run(config: TrainConfig) -> int:
             while next_step < t.max_steps and len(pending) <= t.num_batches_ahead:
                 rows = rows_at(run.dataset, next_position, t.batch_size, config.seed)
                 pending.append(
-                    rollouts.start(rows, {**run.sampling_args, "seed": config.seed * 7919 + next_step})
+                    rollouts.start(rows, {**run.sampling_args, "seed": batch_seed(config.seed, next_step)})
                 )
                 next_step, next_position = next_step + 1, next_position + t.batch_size
             waiting = time.perf_counter()
