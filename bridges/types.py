@@ -43,6 +43,17 @@ ERROR_STOP_REASONS: frozenset[str] = frozenset(
 """Stop reasons that make a rollout unusable for training: it is kept, but masked."""
 
 
+def is_errored(error: str | None, stop_reason: str | None) -> bool:
+    """A rollout that failed (an error, or a stop reason that means one): kept in its group, masked."""
+    return error is not None or stop_reason in ERROR_STOP_REASONS
+
+
+def is_trainable(error: str | None, stop_reason: str | None, reward: float | None, has_tokens: bool) -> bool:
+    """The one definition of a valid rollout, used by every backend: not errored, scored, and carrying the
+    sampled token ids (a remote endpoint's rollout has none: it can be evaluated, not trained on)."""
+    return not is_errored(error, stop_reason) and reward is not None and has_tokens
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Engine-level sampling parameters (token level; the client maps OpenAI arguments onto these)."""
@@ -186,8 +197,15 @@ class State(BaseModel):
 
     @property
     def errored(self) -> bool:
-        """True when the rollout must not be trained on (it stays in its group, masked)."""
-        return self.error is not None or (self.stop_reason in ERROR_STOP_REASONS)
+        """True when the rollout failed; it must not be trained on (it stays in its group, masked)."""
+        return is_errored(self.error, self.stop_reason)
+
+    @property
+    def trainable(self) -> bool:
+        """``is_trainable`` for this rollout: what every backend checks before training on it."""
+        return is_trainable(
+            self.error, self.stop_reason, self.reward, any(t.completion_ids for t in self.turns)
+        )
 
     @property
     def num_turns(self) -> int:

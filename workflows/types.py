@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from bridges.types import ERROR_STOP_REASONS
+from bridges.types import is_trainable
 
 
 class Step(BaseModel):
@@ -52,13 +52,8 @@ class Episode(BaseModel):
 
     @property
     def valid(self) -> bool:
-        """Usable for training: no error, a reward, and token ids for every sampled turn."""
-        return (
-            self.error is None
-            and self.stop_reason not in ERROR_STOP_REASONS
-            and self.reward is not None
-            and self.has_tokens
-        )
+        """Usable for training (``bridges.types.is_trainable``, the rule every backend applies)."""
+        return is_trainable(self.error, self.stop_reason, self.reward, self.has_tokens)
 
     @property
     def num_completion_tokens(self) -> int:

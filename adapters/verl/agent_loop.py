@@ -105,7 +105,7 @@ class BridgesAgentLoop(AgentLoopBase):
 
     def _output(self, state: Any, client: Any, started: float, score_s: float) -> AgentLoopOutput:
         split = prompt_completion(episode_from_state(state), self.response_length)
-        valid = not state.errored and state.reward is not None
+        valid = state.trainable
         if split is None or len(split.prompt_ids) > self.prompt_length:
             error = state.error or f"the prompt does not fit rollout.prompt_length={self.prompt_length}"
             return self._failed({"raw_prompt": state.prompt}, client, error, started, state.stop_reason)
