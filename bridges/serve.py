@@ -117,45 +117,34 @@ def _access_log(app: Any) -> Any:
     return logged
 
 
-def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
-    """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
-    ``/health`` and ``/openapi.json``. Every client error is a 4xx in OpenAI's error shape."""
-    from openai.resources.chat.completions import AsyncCompletions as SDKChatCompletions
-    from openai.resources.completions import AsyncCompletions as SDKCompletions
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+class _Endpoints:
+    """The server's request handlers over one client; every client error is a 4xx in OpenAI's shape."""
 
-    from bridges.client.api_errors import error_body
-    from bridges.serve_schema import openapi_document
+    def __init__(self, client: Any, api_key: str | None, limits: ServeLimits) -> None:
+        from bridges.serve_schema import openapi_document
 
-    limits = limits or ServeLimits()
-    names = list(limits.model_names or (client.model_name,))
-    expected = f"Bearer {api_key}".encode() if api_key else None
+        self.client, self.limits = client, limits
+        self.names = list(limits.model_names or (client.model_name,))
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.document = openapi_document(self.names, limits.max_n)
 
-    def unauthorized(request: Request) -> Response | None:
-        if expected is None:
-            return None
+    def unauthorized(self, request: Any) -> Any:
+        """None when the request may pass, else the 401."""
         given = request.headers.get("authorization", "").encode()
-        if hmac.compare_digest(given, expected):
+        if self.expected is None or hmac.compare_digest(given, self.expected):
             return None
         return _error_response(
             401, "missing or wrong API key: send 'Authorization: Bearer <api_key>'.", "invalid_api_key"
         )
 
-    async def read_request(request: Request, required: tuple[str, ...]) -> dict[str, Any] | Response:
-        """The JSON object of a request, or the 4xx that refuses it."""
+    async def read_request(self, request: Any, required: tuple[str, ...]) -> Any:
+        """The JSON object of a request, or the 4xx response that refuses it."""
+        limit = self.limits.max_body_bytes
         try:
-            raw = await _read_body(request, limits.max_body_bytes)
+            body = json.loads(await _read_body(request, limit))
         except _BodyTooLarge:
-            return _error_response(
-                413,
-                f"the request body is larger than {limits.max_body_bytes} bytes (max_body_bytes).",
-                "body_too_large",
-            )
-        try:
-            body = json.loads(raw)
+            return _error_response(413, f"the request body is larger than {limit} bytes (max_body_bytes).",
+                                   "body_too_large")  # fmt: skip
         except RecursionError:
             return _error_response(400, "the request body is nested too deeply.")
         except (ValueError, UnicodeDecodeError):
@@ -165,24 +154,25 @@ def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | No
         for key in required:
             if key not in body or body[key] is None:
                 return _error_response(400, f"'{key}' is required.", param=key)
-        if not isinstance(body["model"], str) or body["model"] not in names:
+        if not isinstance(body["model"], str) or body["model"] not in self.names:
             return _error_response(
-                404, f"the model '{body['model']!s:.80}' does not exist; this server serves {', '.join(names)}.",
+                404, f"the model '{body['model']!s:.80}' does not exist; this server serves {', '.join(self.names)}.",
                 "model_not_found", param="model",
             )  # fmt: skip
         n = body.get("n")
-        if isinstance(n, int) and not isinstance(n, bool) and n > limits.max_n:
+        if isinstance(n, int) and not isinstance(n, bool) and n > self.limits.max_n:
             return _error_response(
-                400, f"'n' must be at most {limits.max_n} on this server (max_n).", param="n"
+                400, f"'n' must be at most {self.limits.max_n} on this server (max_n).", param="n"
             )
         return body
 
-    async def run(request: Request, create: Any, sdk_create: Any, required: tuple[str, ...]) -> Response:
-        denied = unauthorized(request)
-        if denied is not None:
-            return denied
-        body = await read_request(request, required)
-        if isinstance(body, Response):
+    async def create(self, request: Any, create: Any, sdk_create: Any, required: tuple[str, ...]) -> Any:
+        from starlette.responses import JSONResponse
+
+        from bridges.client.api_errors import error_body
+
+        body = self.unauthorized(request) or await self.read_request(request, required)
+        if not isinstance(body, dict):
             return body
         try:
             response = await create(**split_kwargs(body, sdk_create))
@@ -195,56 +185,77 @@ def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | No
             return JSONResponse(payload, status_code=status)
         return JSONResponse(response_json(response))
 
-    async def chat(request: Request) -> Response:
-        return await run(
-            request, client.chat.completions.create, SDKChatCompletions.create, ("model", "messages")
+    async def chat(self, request: Any) -> Any:
+        from openai.resources.chat.completions import AsyncCompletions
+
+        create = self.client.chat.completions.create
+        return await self.create(request, create, AsyncCompletions.create, ("model", "messages"))
+
+    async def completions(self, request: Any) -> Any:
+        from openai.resources.completions import AsyncCompletions
+
+        return await self.create(
+            request, self.client.completions.create, AsyncCompletions.create, ("model", "prompt")
         )
 
-    async def completions(request: Request) -> Response:
-        return await run(request, client.completions.create, SDKCompletions.create, ("model", "prompt"))
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "rl-bridges"}
+        return self.unauthorized(request) or JSONResponse(
+            {"object": "list", "data": [_card(n) for n in self.names]}
+        )
 
-    async def models(request: Request) -> Response:
-        denied = unauthorized(request)
-        if denied is not None:
-            return denied
-        return JSONResponse({"object": "list", "data": [model_card(name) for name in names]})
+    async def model(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    async def model(request: Request) -> Response:
-        denied = unauthorized(request)
+        denied = self.unauthorized(request)
         if denied is not None:
             return denied
         name = request.path_params["model"]
-        if name not in names:
+        if name not in self.names:
             return _error_response(
                 404, f"the model '{name:.80}' does not exist.", "model_not_found", param="model"
             )
-        return JSONResponse(model_card(name))
+        return JSONResponse(_card(name))
 
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": client.model_name})
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    document = openapi_document(names, limits.max_n)
+        return JSONResponse({"status": "ok", "model": self.client.model_name})
 
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(document)
+    async def openapi(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return _error_response(
-            404, f"{request.method} {request.url.path:.200} is not served here.", type_="not_found"
-        )
+        return JSONResponse(self.document)
 
+
+def _card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "rl-bridges"}
+
+
+async def _not_found(request: Any, exc: Exception) -> Any:
+    return _error_response(
+        404, f"{request.method} {request.url.path:.200} is not served here.", type_="not_found"
+    )
+
+
+def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
+    """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
+    ``/health`` and ``/openapi.json``. Every client error is a 4xx in OpenAI's error shape."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    limits = limits or ServeLimits()
+    e = _Endpoints(client, api_key, limits)
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/v1/chat/completions", e.chat, methods=["POST"]),
+        Route("/v1/completions", e.completions, methods=["POST"]),
+        Route("/v1/models", e.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", e.model, methods=["GET"]),
+        Route("/health", e.health, methods=["GET"]),
+        Route("/openapi.json", e.openapi, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
     return _access_log(app) if limits.access_log else app
 
 
