@@ -81,11 +81,6 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
-
-
 def intact_checkpoints(directory: Path) -> tuple[list[Path], list[str]]:
     """Checkpoints whose manifest verifies, newest first, and one sentence per damaged one skipped."""
     intact, damaged = [], []
