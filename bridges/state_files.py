@@ -22,6 +22,8 @@ from typing import Any
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+_DIGESTS_KEPT = 4096
 
 
 def flatten_optimizer(
@@ -85,11 +87,22 @@ def load_tensors(path: Path) -> dict[str, Any]:
 
 
 def _sha256(path: Path) -> str:
+    """The file's sha256, remembered for as long as its size, mtime and inode stay the same: a resume
+    verifies the same checkpoint in validation and again when loading it, and a checkpoint of a real
+    model is gigabytes."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    known = _DIGESTS.get(key)
+    if known is not None:
+        return known
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+    if len(_DIGESTS) >= _DIGESTS_KEPT:
+        _DIGESTS.clear()
+    _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
 
 
 def write_manifest(directory: Path) -> None:
