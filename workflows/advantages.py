@@ -11,7 +11,8 @@ import math
 import typing
 from typing import Literal, cast
 
-from bridges.workflows.types import Episode, Group
+from bridges.types import State
+from bridges.workflows.types import Group
 
 AdvantageMethod = Literal["grpo", "dr_grpo"]
 
@@ -56,14 +57,14 @@ def group_advantages(
     return advantages, None
 
 
-def build_group(episodes: list[Episode], method: AdvantageMethod = "grpo") -> Group:
-    """Wrap one task's episodes with their advantages and whether the group can teach anything."""
-    if not episodes:
-        raise ValueError("a group needs at least one episode.")
-    advantages, skip = group_advantages([e.reward for e in episodes], [e.valid for e in episodes], method)
+def build_group(states: list[State], method: AdvantageMethod = "grpo") -> Group:
+    """Wrap one task's rollouts with their advantages and whether the group can teach anything."""
+    if not states:
+        raise ValueError("a group needs at least one rollout.")
+    advantages, skip = group_advantages([s.reward for s in states], [s.trainable for s in states], method)
     return Group(
-        example_id=episodes[0].example_id,
-        episodes=episodes,
+        example_id=states[0].example_id,
+        states=list(states),
         advantages=advantages,
         contributes_gradient=skip is None,
         skip_reason=skip,

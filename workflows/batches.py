@@ -13,7 +13,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from bridges.workflows.samples import SampleStats, episode_to_samples, truncate_sample
+from bridges.workflows.samples import SampleStats, state_to_samples, truncate_sample
 from bridges.workflows.types import Group, TrainingSample
 
 
@@ -42,9 +42,9 @@ def groups_to_samples(
     for group in groups:
         if not group.contributes_gradient:
             continue
-        for episode, advantage in zip(group.episodes, group.advantages, strict=True):
-            if episode.valid and advantage != 0.0:
-                for sample in episode_to_samples(episode, advantage, stats):
+        for state, advantage in zip(group.states, group.advantages, strict=True):
+            if state.trainable and advantage != 0.0:
+                for sample in state_to_samples(state, advantage, stats):
                     samples.append(truncate_sample(sample, sample.prompt_length + max_completion_length))
     return samples, stats
 
@@ -56,17 +56,11 @@ def batch_seed(seed: int, step: int) -> int:
 
 
 def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, Any]:
-    episodes = [e for g in groups for e in g.episodes]
-    valid = [e for e in episodes if e.valid]
-    rewards = [e.reward for e in valid if e.reward is not None]
+    episodes = [s for g in groups for s in g.states]
+    valid = [s for s in episodes if s.trainable]
+    rewards = [s.reward for s in valid if s.reward is not None]
     mean = sum(rewards) / len(rewards) if rewards else None
-    versions = [
-        s.weight_version
-        for e in valid
-        for t in e.trajectories
-        for s in t.steps
-        if s.weight_version is not None
-    ]
+    versions = [t.weight_version for s in valid for t in s.turns if t.weight_version is not None]
     row: dict[str, Any] = {
         "reward/mean": mean,
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
@@ -77,7 +71,8 @@ def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -
         "episodes/masked_fraction": (len(episodes) - len(valid)) / len(episodes) if episodes else 0.0,
         "groups/zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
         "groups/too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
-        "tokens/completion_mean": sum(e.num_completion_tokens for e in valid) / max(1, len(valid)),
+        "tokens/completion_mean": sum(len(t.completion_ids) for s in valid for t in s.turns)
+        / max(1, len(valid)),
         "samples/trained": stats.samples,
         "samples/breaks": stats.breaks,
         "off_policy/max_staleness": engine_version - min(versions) if versions else 0,

@@ -1,6 +1,6 @@
 """Run groups of rollouts through any ``AsyncOpenAI`` client and turn them into scored groups.
 
-This is the one place every backend goes through to get episodes: the GRPO trainer, TRL's
+This is the one place every backend goes through to get scored groups: the GRPO trainer, TRL's
 ``rollout_func``, verl's agent loop and the Tinker loop all call ``run_group``/``run_groups``, so
 failure isolation and advantage rules are identical everywhere.
 """
@@ -13,7 +13,6 @@ from typing import Any
 
 from bridges.envs.base import Environment, group_sampling_args
 from bridges.workflows.advantages import AdvantageMethod, build_group
-from bridges.workflows.samples import episode_from_state
 from bridges.workflows.types import Group
 
 
@@ -35,9 +34,7 @@ async def run_group(
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}.")
     states = await env.run_group(row, client, model, n, sampling_args)
-    group = build_group([episode_from_state(s) for s in states], method=advantage)
-    group.states = list(states)
-    return group
+    return build_group(list(states), method=advantage)
 
 
 async def run_groups(

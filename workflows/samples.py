@@ -1,4 +1,4 @@
-"""Rollout state -> episode -> training samples.
+"""Rollout state -> training samples.
 
 Turns are merged into one sample while each turn's prompt extends the previous prompt + sampled
 ids token-exactly (the token ledger guarantees that for our clients). When a turn does not extend
@@ -10,36 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridges.types import State
-from bridges.workflows.types import Episode, Step, TrainingSample, Trajectory
-
-
-def episode_from_state(state: State) -> Episode:
-    """Copy what training needs out of a finished, scored rollout state."""
-    steps = [
-        Step(
-            prompt_ids=list(turn.prompt_ids),
-            completion_ids=list(turn.completion_ids),
-            logprobs=list(turn.logprobs),
-            finish_reason=turn.finish_reason,
-            weight_version=turn.weight_version,
-        )
-        for turn in state.turns
-    ]
-    return Episode(
-        example_id=state.example_id,
-        task=state.task,
-        trajectories=[Trajectory(steps=steps)] if steps else [],
-        reward=state.reward,
-        metrics=dict(state.metrics),
-        stop_reason=state.stop_reason,
-        error=state.error,
-        drift_tokens=state.drift_tokens,
-        drifted_turns=state.drifted_turns,
-        prompt=list(state.prompt),
-        completion=list(state.completion),
-        answer=state.answer,
-    )
+from bridges.types import State, Turn
+from bridges.workflows.types import TrainingSample
 
 
 @dataclass(slots=True)
@@ -48,16 +20,16 @@ class SampleStats:
     breaks: int = 0  # turns that did not extend the running sequence and started a new sample
 
 
-def _check_step(step: Step) -> None:
-    if len(step.logprobs) != len(step.completion_ids):
+def _check_turn(turn: Turn) -> None:
+    if len(turn.logprobs) != len(turn.completion_ids):
         raise ValueError(
-            f"a step has {len(step.completion_ids)} completion ids but {len(step.logprobs)} logprobs; "
+            f"a turn has {len(turn.completion_ids)} completion ids but {len(turn.logprobs)} logprobs; "
             "the engine must return exactly one logprob per sampled id."
         )
 
 
-def trajectory_to_samples(
-    trajectory: Trajectory,
+def turns_to_samples(
+    turns: list[Turn],
     *,
     advantage: float,
     reward: float | None,
@@ -65,11 +37,11 @@ def trajectory_to_samples(
     valid: bool = True,
     stats: SampleStats | None = None,
 ) -> list[TrainingSample]:
-    """Merge a trajectory's steps into as few samples as token-exact extension allows."""
+    """Merge a rollout's turns into as few samples as token-exact extension allows."""
     samples: list[TrainingSample] = []
     current: TrainingSample | None = None
-    for step in trajectory.steps:
-        _check_step(step)
+    for step in turns:
+        _check_turn(step)
         running = current.token_ids if current is not None else None
         if running is not None and step.prompt_ids[: len(running)] == running:
             new_prompt = step.prompt_ids[len(running) :]
@@ -102,25 +74,23 @@ def trajectory_to_samples(
     return samples
 
 
-def episode_to_samples(
-    episode: Episode, advantage: float, stats: SampleStats | None = None
+def state_to_samples(
+    state: State, advantage: float, stats: SampleStats | None = None
 ) -> list[TrainingSample]:
-    """Training samples of one episode; an invalid episode yields fully masked samples (no gradient)."""
-    out: list[TrainingSample] = []
-    for trajectory in episode.trajectories:
-        samples = trajectory_to_samples(
-            trajectory,
-            advantage=advantage if episode.valid else 0.0,
-            reward=episode.reward,
-            example_id=episode.example_id,
-            valid=episode.valid,
-            stats=stats,
-        )
-        if not episode.valid:
-            for sample in samples:
-                sample.loss_mask = [0] * len(sample.loss_mask)
-        out.extend(samples)
-    return out
+    """Training samples of one rollout; an untrainable one yields fully masked samples (no gradient)."""
+    valid = state.trainable
+    samples = turns_to_samples(
+        state.turns,
+        advantage=advantage if valid else 0.0,
+        reward=state.reward,
+        example_id=state.example_id,
+        valid=valid,
+        stats=stats,
+    )
+    if not valid:
+        for sample in samples:
+            sample.loss_mask = [0] * len(sample.loss_mask)
+    return samples
 
 
 @dataclass(slots=True)
@@ -135,18 +105,18 @@ class PromptCompletion:
     breaks: int  # further samples (turns that did not extend the first) that were left out
 
 
-def prompt_completion(episode: Episode, max_completion: int | None = None) -> PromptCompletion | None:
-    """The first trajectory's first sample split at its first prompt; None when nothing was sampled.
+def prompt_completion(state: State, max_completion: int | None = None) -> PromptCompletion | None:
+    """The rollout's first sample split at its first prompt; None when nothing was sampled.
 
     With the token ledger every turn extends the last, so that sample is the whole rollout; a break
     (a turn that did not extend) would start a second sample, which is counted and left out. An
-    invalid episode comes back with every mask entry 0. ``max_completion`` cuts the completion.
+    untrainable rollout comes back with every mask entry 0. ``max_completion`` cuts the completion.
     """
-    if not episode.trajectories or not episode.trajectories[0].steps:
+    if not state.turns:
         return None
-    samples = episode_to_samples(episode, advantage=0.0)
+    samples = state_to_samples(state, advantage=0.0)
     first = samples[0]
-    cut = len(episode.trajectories[0].steps[0].prompt_ids)
+    cut = len(state.turns[0].prompt_ids)
     end = None if max_completion is None else cut + max_completion
     return PromptCompletion(
         prompt_ids=first.token_ids[:cut],

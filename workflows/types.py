@@ -1,63 +1,17 @@
-"""Backend-neutral episode records: what one rollout taught us, in tokens.
+"""What trainers consume: scored groups of rollouts and the token samples made from them.
 
-An ``Episode`` is one rollout; its ``Trajectory`` is the ordered model calls (``Step``s) with the
-exact ids the engine saw and sampled. ``TrainingSample`` is what a trainer consumes: one token
-sequence with a loss mask (1 on sampled ids, 0 on prompt/environment/tool ids), the sampler's
-logprobs and the group-relative advantage. Every backend (grpo, TRL, verl, Tinker) converts from
-these, so a fix here fixes all of them.
+A rollout has exactly one record, the environment's ``bridges.types.State`` (its ``turns`` hold the
+exact ids the engine saw and sampled); a ``Group`` is one task's States with their group-relative
+advantages. ``TrainingSample`` is what a trainer consumes: one token sequence with a loss mask (1 on
+sampled ids, 0 on prompt/environment/tool ids), the sampler's logprobs and the advantage. Every
+backend (grpo, TRL, verl, Tinker) converts from these, so a fix here fixes all of them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import BaseModel, ConfigDict, Field
 
-from pydantic import BaseModel, Field
-
-from bridges.types import is_trainable
-
-
-class Step(BaseModel):
-    """One model call: the prompt ids it was given and what it sampled."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str | None = None
-    weight_version: int | None = None
-
-
-class Trajectory(BaseModel):
-    steps: list[Step] = Field(default_factory=list)
-
-
-class Episode(BaseModel):
-    """One rollout of one task, scored; failed rollouts are kept (``valid`` is False) and masked."""
-
-    example_id: int
-    task: str = "default"
-    trajectories: list[Trajectory] = Field(default_factory=list)
-    reward: float | None = None
-    metrics: dict[str, float] = Field(default_factory=dict)
-    stop_reason: str | None = None
-    error: str | None = None
-    drift_tokens: int | None = None
-    drifted_turns: int | None = None
-    prompt: list[dict[str, Any]] = Field(default_factory=list)
-    completion: list[dict[str, Any]] = Field(default_factory=list)
-    answer: str = ""
-
-    @property
-    def has_tokens(self) -> bool:
-        return any(step.completion_ids for traj in self.trajectories for step in traj.steps)
-
-    @property
-    def valid(self) -> bool:
-        """Usable for training (``bridges.types.is_trainable``, the rule every backend applies)."""
-        return is_trainable(self.error, self.stop_reason, self.reward, self.has_tokens)
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return sum(len(step.completion_ids) for traj in self.trajectories for step in traj.steps)
+from bridges.types import State
 
 
 class TrainingSample(BaseModel):
@@ -90,15 +44,16 @@ class TrainingSample(BaseModel):
 
 
 class Group(BaseModel):
-    """The n episodes of one task, with their group-relative advantages (aligned with ``episodes``)."""
+    """The n rollouts of one task, with their group-relative advantages (aligned with ``states``)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     example_id: int
-    episodes: list[Episode]
+    states: list[State]
     advantages: list[float] = Field(default_factory=list)
     contributes_gradient: bool = False
     skip_reason: str | None = None  # "too_few_valid" | "zero_variance" when it contributes nothing
-    states: list[Any] = Field(default_factory=list, exclude=True)  # the rollout States, for traces
 
     @property
     def num_valid(self) -> int:
-        return sum(e.valid for e in self.episodes)
+        return sum(s.trainable for s in self.states)

@@ -35,7 +35,7 @@ from bridges.asyncutils import run_sync
 from bridges.envs.base import Environment
 from bridges.errors import ConfigError
 from bridges.workflows.rollouts import run_group
-from bridges.workflows.samples import PromptCompletion, episode_from_state, prompt_completion
+from bridges.workflows.samples import PromptCompletion, prompt_completion
 
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
@@ -107,7 +107,7 @@ def trainer_engine(trainer: Any) -> Iterator[Any]:
 
 def to_trl_sample(state: Any, renderer: Any, max_completion_length: int) -> dict[str, Any]:
     """One rollout as TRL's per-sample fields (a failed rollout: its ids kept, every one masked)."""
-    split = prompt_completion(episode_from_state(state), max_completion_length)
+    split = prompt_completion(state, max_completion_length)
     if split is None:  # failed before the first model call: the rendered prompt and one masked end-of-turn id
         split = PromptCompletion(
             renderer.render_ids(state.prompt), [renderer.eos_token_id or 0], [0], [0.0], 0

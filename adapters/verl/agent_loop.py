@@ -33,7 +33,7 @@ from bridges.asyncutils import describe_exception
 from bridges.envs.base import Environment
 from bridges.errors import require_extra
 from bridges.types import StopReason
-from bridges.workflows.samples import episode_from_state, prompt_completion
+from bridges.workflows.samples import prompt_completion
 
 if TYPE_CHECKING:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
@@ -104,7 +104,7 @@ class BridgesAgentLoop(AgentLoopBase):
             return self._failed(kwargs, client, describe_exception(exc), started)
 
     def _output(self, state: Any, client: Any, started: float, score_s: float) -> AgentLoopOutput:
-        split = prompt_completion(episode_from_state(state), self.response_length)
+        split = prompt_completion(state, self.response_length)
         valid = state.trainable
         if split is None or len(split.prompt_ids) > self.prompt_length:
             error = state.error or f"the prompt does not fit rollout.prompt_length={self.prompt_length}"

@@ -210,7 +210,7 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
     from bridges.adapters.tinker.engine import TinkerEngine
     from bridges.client import EngineClient
     from bridges.workflows.rollouts import run_group
-    from bridges.workflows.samples import episode_to_samples
+    from bridges.workflows.samples import state_to_samples
 
     thread = serve_in_thread(
         TinkerServerConfig(model=str(tool_model_path), model_name="tool", port=0, root=str(tmp_path))
@@ -226,9 +226,9 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
     finally:
         thread.close()
     bridge = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    for episode in group.episodes:
-        assert episode.valid and episode.reward == 1.0 and episode.metrics["tool_calls"] == 1.0
-        (sample,) = episode_to_samples(episode, advantage=2.0)
+    for state in group.states:
+        assert state.trainable and state.reward == 1.0 and state.metrics["tool_calls"] == 1.0
+        (sample,) = state_to_samples(state, advantage=2.0)
         d = sample_to_datum(sample)
         targets = d.loss_fn_inputs["target_tokens"].tolist()
         advantages = d.loss_fn_inputs["advantages"].tolist()
@@ -236,13 +236,11 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
         assert d.model_input.to_ints() + targets[-1:] == sample.token_ids  # shifted by one, nothing lost
         trained = [t for t, a in zip(targets, advantages, strict=True) if a == 2.0]
         left_out = [t for t, a in zip(targets, advantages, strict=True) if a == 0.0]
-        turns = [step.completion_ids for step in episode.trajectories[0].steps]
+        turns = [turn.completion_ids for turn in state.turns]
         assert trained == turns[0] + turns[1]  # exactly the two sampled turns
         assert tokenizer.decode(left_out).endswith(bridge)  # the prompt and the tool result: no gradient
         sampled_lp = [lp for lp, a in zip(logprobs, advantages, strict=True) if a]
-        assert sampled_lp == pytest.approx(
-            [lp for step in episode.trajectories[0].steps for lp in step.logprobs]
-        )
+        assert sampled_lp == pytest.approx([lp for turn in state.turns for lp in turn.logprobs])
         assert all(lp == 0.0 for lp, a in zip(logprobs, advantages, strict=True) if not a)
 
 

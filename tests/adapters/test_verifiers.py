@@ -62,18 +62,18 @@ async def test_multi_turn_env_keeps_its_stop_condition_and_extends_token_exactly
     client: Any, tiny_tokenizer: Any
 ):
     from bridges.workflows.rollouts import run_group
-    from bridges.workflows.samples import SampleStats, episode_to_samples
+    from bridges.workflows.samples import SampleStats, state_to_samples
 
     env = load_environment("vf:vf_fixture_envs", kind="multi")
     group = await run_group(env, dict(env.get_dataset()[0]), client, 3, {"seed": 5}, model="tiny")
-    for state, episode in zip(group.states, group.episodes, strict=True):
+    for state in group.states:
         assert state.stop_reason == "two_rounds" and state.extras == {} and state.drift_tokens == 0
         assert len(state.turns) == 3 and [m["role"] for m in state.completion] == [
             "assistant",
             "user",
         ] * 2 + ["assistant"]
         stats = SampleStats()
-        (sample,) = episode_to_samples(episode, advantage=1.0, stats=stats)
+        (sample,) = state_to_samples(state, advantage=1.0, stats=stats)
         assert stats.breaks == 0  # every turn's prompt is the last prompt + the ids sampled + the env reply
         masked = tiny_tokenizer.decode(
             [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if not m]

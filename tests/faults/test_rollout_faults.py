@@ -50,19 +50,19 @@ async def test_one_batch_with_every_fault_completes_and_masks_exactly_the_faulty
     groups = await run_groups(env, rows, client, 2, {"seed": 0}, model="tiny")
     elapsed = time.perf_counter() - started
     assert len(groups) == len(rows) == len(EXPECTED)
-    assert sum(len(g.episodes) for g in groups) == 2 * len(rows)  # produced = requested
+    assert sum(len(g.states) for g in groups) == 2 * len(rows)  # produced = requested
     for row, group in zip(rows, groups, strict=True):
         case = parse_info(row["info"])["case"]
         expected = EXPECTED[case]
-        for episode, state, advantage in zip(group.episodes, group.states, group.advantages, strict=True):
+        for state, advantage in zip(group.states, group.advantages, strict=True):
             if expected is None:
-                assert episode.valid and state.stop_reason == "max_turns" and len(state.turns) == 2, (
+                assert state.trainable and state.stop_reason == "max_turns" and len(state.turns) == 2, (
                     case,
                     state.error,
                 )
             else:
                 reason, text = expected
-                assert not episode.valid and state.stop_reason == reason and text in (state.error or ""), (
+                assert not state.trainable and state.stop_reason == reason and text in (state.error or ""), (
                     case,
                     state,
                 )

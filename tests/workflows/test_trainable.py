@@ -1,11 +1,12 @@
-"""One definition of a rollout valid for training, shared by the rollout state and the episode."""
+"""One definition of a rollout valid for training: the rollout state's, read by every backend."""
 
 from __future__ import annotations
 
 
-def test_one_definition_of_a_trainable_rollout_for_state_and_episode():
+def test_one_definition_of_a_trainable_rollout():
     from bridges.types import State, Turn
-    from bridges.workflows.samples import episode_from_state
+    from bridges.workflows.advantages import build_group
+    from bridges.workflows.samples import state_to_samples
 
     turn = Turn(prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.5])
     cases = [
@@ -17,4 +18,5 @@ def test_one_definition_of_a_trainable_rollout_for_state_and_episode():
     ]
     for state, expected in cases:
         assert state.trainable is expected
-        assert episode_from_state(state).valid is expected
+        assert build_group([state, state]).num_valid == 2 * expected
+        assert all(s.valid is expected for s in state_to_samples(state, advantage=1.0))
