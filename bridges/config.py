@@ -219,6 +219,68 @@ def parse_config(schema: type[T], argv: Sequence[str]) -> T:
     return config  # type: ignore[return-value]
 
 
+def parse_section(schema: type[T], section: dict[str, Any], prefix: str) -> T:
+    """A free-form section (``tinker.*``) as a typed, range-checked ``schema`` instance; an unknown key,
+    a wrong type or a value out of range is one sentence naming ``<prefix><key>``."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        _check_keys(schema, section, prefix=prefix)
+        parsed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), section))
+    except OmegaConfBaseException as exc:
+        detail = str(exc).splitlines()[0].rstrip(".")
+        raise ConfigError(f"invalid value for config key '{prefix}{exc.full_key}': {detail}.") from None
+    check_values(parsed, prefix=prefix)
+    return parsed  # type: ignore[return-value]
+
+
+_SCALARS: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"), "int": ((int,), "an integer"), "float": ((int, float), "a number"),
+    "str": ((str, int, float), "a string"),
+}  # fmt: skip
+
+
+def _accepted(native_type: Any) -> tuple[tuple[type, ...], str, bool] | None:
+    """The Python types a scalar field takes, their description and whether it takes None; None when
+    the field is not a plain scalar (then its value is left to the native library)."""
+    text = native_type.__name__ if isinstance(native_type, type) else str(native_type)
+    parts = [p.strip() for p in text.split("|") if p.strip() != "None"]
+    if len(parts) != 1 or parts[0] not in _SCALARS:
+        return None
+    kinds, words = _SCALARS[parts[0]]
+    return kinds, words, "None" in text
+
+
+def check_passthrough(
+    section: dict[str, Any], known: dict[str, Any], prefix: str, owner: str, unknown_hint: str = ""
+) -> None:
+    """A pass-through section checked against the native config it feeds (``trl.*`` -> GRPOConfig):
+    ``known`` maps every native key to its type (a class or a ``'int | None'`` string); an unknown key
+    or a scalar of the wrong type is one sentence, found before the native library ever sees it."""
+    for key, value in section.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(f"'{prefix}{key}' is not a key of {owner}{hint}{unknown_hint}.")
+        accepted = _accepted(known[key])
+        if accepted is None or (value is None and accepted[2]):
+            continue
+        kinds, words, nullable = accepted
+        if value is None or (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise ConfigError(
+                f"{prefix}{key} must be {words}{' or null' if nullable else ''} in {owner}, got {value!r}."
+            )
+
+
+def with_open_sections(schema: type[T], names: Sequence[str], help: str) -> type[T]:
+    """``schema`` plus one free-form ``<name>.*`` section per name (what installed plugins add)."""
+    if not names:
+        return schema
+    fields = [(name, dict[str, Any], option(factory=dict, help=help)) for name in names]
+    return dataclasses.make_dataclass(schema.__name__, fields, bases=(schema,))
+
+
 def _load_yaml(path: str) -> dict[str, Any]:
     """A YAML config file as a mapping; a missing, unreadable, malformed or non-mapping file is one sentence."""
     import yaml

@@ -10,13 +10,12 @@ for launcher backends, the command) and exits.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
-from bridges.backends import resolve_backend
-from bridges.config import parse_config, run_cli, to_yaml
+from bridges.backends import Backend, backend_section, installed_sections, resolve_backend
+from bridges.config import parse_config, run_cli, to_yaml, with_open_sections
 from bridges.errors import MissingExtraError
 from bridges.preflight import (
     build_environment,
@@ -28,8 +27,9 @@ from bridges.preflight import (
 from bridges.train_config import TrainConfig, refuse_ignored_keys
 
 
-def validate(config: TrainConfig, runner: Any) -> None:
-    """Every check that needs no model: names, environment and data, folders, then the backend's own."""
+def validate(config: TrainConfig, backend: Backend) -> Any:
+    """Every check that needs no model: names, environment and data, folders, then the backend's own
+    section and checks. Returns the backend's parsed options."""
     env = build_environment(config.env, config.env_args)
     check_dataset(env, "train", config.env)
     check_run_name(config.resolved_run_name)
@@ -41,27 +41,30 @@ def validate(config: TrainConfig, runner: Any) -> None:
             "'wandb' is needed for report_to=wandb but is not installed; install it with "
             "pip install 'rl-bridges[wandb]'."
         )
-    honoured = getattr(inspect.getmodule(runner), "SHARED_KEYS", None)
-    if honoured is not None:
-        refuse_ignored_keys(config, honoured)
-    backend_checks = getattr(inspect.getmodule(runner), "validate", None)
-    if backend_checks is not None:
-        backend_checks(config)
+    refuse_ignored_keys(config, backend.honoured_keys)
+    options = backend.parse_options(backend_section(config, backend.name))
+    backend.validate(config, options)
+    return options
+
+
+def train_schema() -> type[TrainConfig]:
+    """``TrainConfig`` plus a ``<name>.*`` section for each backend an installed package registers."""
+    return with_open_sections(
+        TrainConfig, installed_sections(), "options of a backend an installed package registers"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(TrainConfig, sys.argv[1:] if argv is None else argv)
-    runner = resolve_backend(config.backend)
-    validate(config, runner)
+    config = parse_config(train_schema(), sys.argv[1:] if argv is None else argv)
+    backend = resolve_backend(config.backend)
+    options = validate(config, backend)
     if config.dry_run:
         print(to_yaml(config), end="")
-        describe = getattr(inspect.getmodule(runner), "describe", None)
-        if describe is not None:  # what the backend would hand its native trainer
-            print(describe(config), end="")
+        print(backend.describe(config, options), end="")  # what the backend would hand its native trainer
         return 0
     run_dir = Path(config.output_dir) / config.resolved_run_name
     claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=False)
-    return int(runner(config) or 0)
+    return int(backend.run(config, options) or 0)
 
 
 def cli() -> None:

@@ -13,11 +13,12 @@ go to ``runs/<run_name>/checkpoint-<step>`` and ``resume=true`` continues from t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from pathlib import Path
 from typing import Any
 
+from bridges.backends import Backend
+from bridges.config import check_passthrough
 from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig, lora_config, shared_keys
 
@@ -31,7 +32,7 @@ TRL_METRIC_NAMES = {
 
 # TRL runs its own generation and step: no importance-ratio cap, no pipelining, no rollout process; its
 # rollout_func runs each batch's groups with the environment's own concurrency
-SHARED_KEYS = shared_keys() - {
+HONOURED_KEYS = shared_keys() - {
     "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
 }  # fmt: skip
 
@@ -46,6 +47,16 @@ def completion_budget(config: TrainConfig, env: Any) -> int:
     if env_cap is not None and not needs_rollout_func(env):
         return int(env_cap)
     return int(config.trainer.max_completion_length)
+
+
+def parse_options(section: dict[str, Any]) -> dict[str, Any]:
+    """The ``trl.*`` section checked against ``GRPOConfig``'s own fields and their types."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    require_extra("trl", "trl", "backend=trl")
+    from trl import GRPOConfig
+
+    check_passthrough(section, {f.name: f.type for f in dataclasses.fields(GRPOConfig)}, "trl.", "GRPOConfig")
+    return section
 
 
 def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str, Any]:
@@ -87,22 +98,16 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
 
 
 def build_grpo_config(kwargs: dict[str, Any]) -> Any:
-    """``GRPOConfig(**kwargs)``, with an unknown ``trl.*`` key named in one sentence."""
+    """``GRPOConfig(**kwargs)`` (keys checked by ``parse_options``), its own refusals in one sentence."""
     from trl import GRPOConfig
 
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    unknown = sorted(set(kwargs) - fields)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], fields, n=1)
-        hint = f" (did you mean 'trl.{close[0]}'?)" if close else ""
-        raise ConfigError(f"'trl.{unknown[0]}' is not a GRPOConfig field{hint}.")
     try:
         return GRPOConfig(**kwargs)
     except ValueError as exc:
         raise ConfigError(f"GRPOConfig refused these settings: {' '.join(str(exc).split())}") from exc
 
 
-def describe(config: TrainConfig) -> str:
+def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     """For ``dry_run=true``: the ``GRPOConfig`` fields this run would use, one per line."""
     from bridges.registry import load_environment
 
@@ -125,14 +130,12 @@ def metrics_callback(logger: Any) -> Any:
     return MetricsFile()
 
 
-def validate(config: TrainConfig) -> None:
+def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
     from bridges.preflight import check_lora_targets, check_model
     from bridges.registry import load_environment
 
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    require_extra("trl", "trl", "backend=trl")
     check_model(config.model)
     if config.trainer.lora_rank > 0:
         check_lora_targets(config.model, config.trainer.lora_target_modules)
@@ -144,7 +147,7 @@ def validate(config: TrainConfig) -> None:
     build_grpo_config(grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name))
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, options: dict[str, Any]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "backend=trl")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -189,3 +192,9 @@ def run(config: TrainConfig) -> int:
 
 def _step_of(checkpoint: str | None) -> int:
     return int(checkpoint.rsplit("-", 1)[-1]) if checkpoint else 0
+
+
+BACKEND = Backend(
+    name="trl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
+    describe=describe,
+)  # fmt: skip

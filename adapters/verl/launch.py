@@ -16,6 +16,7 @@ Fixed choices, all overridable through ``verl.*``: vLLM async rollout, GRPO adva
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -25,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bridges.backends import Backend
+from bridges.config import check_passthrough
 from bridges.errors import ConfigError, require_extra
 from bridges.train_config import TrainConfig, shared_keys
 
@@ -35,7 +38,7 @@ MICRO_BATCH_PER_GPU = (
 
 # verl's own trainer takes these from the shared keys (overrides()); accumulation, the ratio cap, the
 # generation pipeline, concurrency, the rollout process and LoRA dropout are verl.* settings of its own
-SHARED_KEYS = shared_keys() - {
+HONOURED_KEYS = shared_keys() - {
     "trainer.grad_accum_steps", "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent",
     "trainer.rollout_process", "trainer.lora_dropout",
 }  # fmt: skip
@@ -174,7 +177,39 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
     return command, files
 
 
-def validate(config: TrainConfig) -> None:
+@functools.cache
+def verl_config_keys() -> dict[str, Any]:
+    """Every key of verl's PPO trainer config (dotted) -> the type of its default, read from the YAML
+    verl ships; empty when verl is not installed (``dry_run`` works without the extra)."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None or spec.origin is None:
+        return {}
+    path = Path(spec.origin).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    kinds = {bool: bool, int: float, float: float}  # a YAML default of 0 may hold 0.2: numbers are numbers
+    tree = yaml.safe_load(path.read_text())
+    return {key: kinds.get(type(value), Any) for key, value in flatten(tree).items()}
+
+
+def parse_options(section: dict[str, Any]) -> dict[str, Any]:
+    """``verl.*`` checked against verl's own config: a key verl does not have, or a scalar of the wrong
+    type, is one sentence here instead of a hydra stack trace later (``+key`` adds a new key)."""
+    known = verl_config_keys()
+    if known:
+        open_nodes = tuple(
+            f"{k}." for k, kind in known.items() if kind is Any
+        )  # None/{} defaults take any sub-key
+        flat = {k: v for k, v in flatten(section).items() if not k.startswith(("+", *open_nodes))}
+        check_passthrough(
+            flat, known, "verl.", "verl's PPO trainer config", "; add a new key with verl.+<key>"
+        )
+    return section
+
+
+def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=verl's checks before anything is written or launched."""
     from bridges.preflight import check_model
 
@@ -185,7 +220,7 @@ def validate(config: TrainConfig) -> None:
         )
 
 
-def describe(config: TrainConfig) -> str:
+def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     """For ``dry_run=true``: the files written and the exact command, without importing verl."""
     command, files = prepare(config)
     listed = "".join(f"#   {key}: {path}\n" for key, path in files.items() if key != "run_dir")
@@ -199,8 +234,14 @@ def worker_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("verl", "verl", "backend=verl")
     command, _ = prepare(config)
     print(shlex.join(command), flush=True)
     return subprocess.call(command, env={**os.environ, "PYTHONPATH": worker_pythonpath()})
+
+
+BACKEND = Backend(
+    name="verl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
+    describe=describe,
+)  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +29,16 @@ from bridges.state_files import (
     verify_manifest,
     write_manifest,
 )
+from bridges.workflows.run_loop import RunPosition
 
 _PREFIX = "step_"
 TRAINER_TENSORS = "trainer.safetensors"
 TRAINER_META = "trainer.json"
 
 
-@dataclass
-class TrainerState:
-    step: int = 0  # optimizer steps completed
-    data_position: int = 0  # rows consumed from the (seeded, reshuffled per epoch) training order
-
-
 def save_checkpoint(
     directory: Path,
-    state: TrainerState,
+    state: RunPosition,
     model: Any,  # a transformers or peft model: save_pretrained
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
@@ -107,7 +102,7 @@ def is_adapter_checkpoint(path: Path) -> bool:
 
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> TrainerState:
+) -> RunPosition:
     """Restore weights, optimizer, scheduler and RNG in place; return the trainer state."""
     weights = sorted((path / "model").glob("*.safetensors"))
     if not weights:
@@ -131,12 +126,12 @@ def load_checkpoint(
     optimizer.load_state_dict(unflatten_optimizer(tensors, meta["optimizer"]))
     scheduler.load_state_dict(meta["scheduler"])
     set_rng_state(tensors, meta["rng"])
-    return TrainerState(**json.loads((path / "state.json").read_text()))
+    return RunPosition(**json.loads((path / "state.json").read_text()))
 
 
 def resume_latest_intact(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> tuple[TrainerState, Path] | None:
+) -> tuple[RunPosition, Path] | None:
     """Load the newest checkpoint that verifies and loads, saying which damaged ones were skipped;
     None when there is no checkpoint at all. Every checkpoint damaged is one sentence (ConfigError)."""
     from bridges.asyncutils import describe_exception

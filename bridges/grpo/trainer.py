@@ -1,7 +1,8 @@
 """The bundled async GRPO trainer: ``python -m bridges.train backend=grpo`` (the default backend).
 
-Read top to bottom: setup, one training step, the async loop, the end of the run (the data order,
-sample selection and step metrics every backend shares live in ``workflows.batches``).
+Read top to bottom: setup, one training step, the run. The loop itself (data order, the pipeline of
+batches generated ahead, traces, metrics, save cadence, the non-finite guard) is
+``workflows.run_loop``, shared with the Tinker backend, so the two cannot drift apart.
 
 Included
 - GRPO with group-relative advantages over the *valid* rollouts of each group (``grpo``:
@@ -35,34 +36,28 @@ import dataclasses
 import math
 import os
 import random
-import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bridges.errors import TrainingDivergedError
+from bridges.backends import Backend
 from bridges.grpo.batching import collate
-from bridges.grpo.checkpoint import TrainerState, resume_latest_intact, save_checkpoint
+from bridges.grpo.checkpoint import resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
 from bridges.grpo.policy import load_policy, make_engine
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
-from bridges.metrics import finish_run
 from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
-from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics
-from bridges.workflows.traces import open_run_files
+from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
 from bridges.workflows.types import Group, TrainingSample
-
-SHARED_KEYS = shared_keys()  # the bundled trainer reads every shared key
-MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
 
 # --------------------------------------------------------------------------------------------------
 # Setup: environment, policy, optimizer, engine
 
 
-def validate(config: TrainConfig) -> None:
+def validate(config: TrainConfig, options: None = None) -> None:
     """backend=grpo's own checks, before any model loads: the model, the engine, and a resume that
     matches how the checkpoint was trained (full weights or a LoRA adapter)."""
     from bridges.errors import ConfigError, require_extra
@@ -158,10 +153,10 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
 
 
 # --------------------------------------------------------------------------------------------------
-# The run
+# The run: setup here, the loop itself is workflows.run_loop (shared with the Tinker backend)
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, options: None = None) -> int:
     return asyncio.run(_run(config))
 
 
@@ -174,7 +169,7 @@ class _Run:
     dataset: Any
     tokenizer: Any
     ctx: StepContext
-    state: TrainerState
+    start: RunPosition
     run_dir: Path
     sampling_args: dict[str, Any]
 
@@ -200,15 +195,15 @@ def _prepare(config: TrainConfig) -> _Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps > 0 else 1.0
     )
-    state = TrainerState()
+    start = RunPosition()
     resumed = (
         resume_latest_intact(run_dir / "checkpoints", policy, optimizer, scheduler) if config.resume else None
     )
     if config.resume and resumed is None:
         print(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
     if resumed is not None:
-        state, resume_from = resumed
-        print(f"resumed from {resume_from} (step {state.step}, data position {state.data_position})")
+        start, resume_from = resumed
+        print(f"resumed from {resume_from} (step {start.step}, data position {start.data_position})")
     sampling_args = rollout_sampling_args(config, env.sampling_args)
     ctx = StepContext(
         policy=policy,
@@ -228,7 +223,7 @@ def _prepare(config: TrainConfig) -> _Run:
         grad_accum_steps=t.grad_accum_steps,
         max_grad_norm=t.max_grad_norm,
     )
-    return _Run(config, env, env.get_dataset(), tokenizer, ctx, state, run_dir, sampling_args)
+    return _Run(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args)
 
 
 def _rollouts(run: _Run) -> Rollouts:
@@ -245,103 +240,46 @@ def _rollouts(run: _Run) -> Rollouts:
     )
 
 
-async def _step(
-    run: _Run, rollouts: Rollouts, groups: list[Group], streak: int
-) -> tuple[dict[str, Any], int]:
-    """Train on one batch's groups: the optimizer step, the new weights to the engine, a checkpoint
-    when due. Returns the step's metrics and the count of non-finite steps in a row."""
-    config, t = run.config, run.config.trainer
-    samples, stats = groups_to_samples(groups, t.max_completion_length)
-    started = time.perf_counter()
-    result = await asyncio.to_thread(train_step, run.ctx, samples)
-    streak = streak + 1 if result["skipped_nonfinite"] else 0
-    if streak >= MAX_NONFINITE_STEPS:
-        raise TrainingDivergedError(
-            f"training stopped at step {run.state.step + 1}: {streak} steps in a row had a non-finite loss "
-            f"or gradient norm (last loss {result['loss']}, grad_norm {result['grad_norm']}), so none was "
-            "applied; lower trainer.learning_rate or check the environment's rewards. The weights are "
-            "those of the last finite step."
-        )
-    if samples and not result["skipped_nonfinite"]:
-        await rollouts.update_weights(run.ctx.policy)
-    run.state = TrainerState(step=run.state.step + 1, data_position=run.state.data_position + t.batch_size)
-    row = {
-        "step": run.state.step,
-        **step_metrics(groups, stats, rollouts.weight_version),
-        **result,
-        "lr": run.ctx.scheduler.get_last_lr()[0],
-        "timing/train_s": time.perf_counter() - started,
-        "weight_version": rollouts.weight_version,
-    }
-    if (config.save_every > 0 and run.state.step % config.save_every == 0) or run.state.step == t.max_steps:
-        save_checkpoint(
-            run.run_dir / "checkpoints", run.state, run.ctx.policy, run.ctx.optimizer, run.ctx.scheduler,
-            keep=config.keep_checkpoints, tokenizer=run.tokenizer,
-        )  # fmt: skip
-    return row, streak
+@dataclasses.dataclass
+class _Learner:
+    """The loop's view of this trainer: rollouts from ``Rollouts``, a step from ``train_step`` (in a
+    worker thread, so the next batch keeps generating), checkpoints in ``<run>/checkpoints``."""
+
+    run: _Run
+    rollouts: Rollouts
+
+    @property
+    def weight_version(self) -> int:
+        return self.rollouts.weight_version
+
+    def start_batch(
+        self, rows: list[dict[str, Any]], sampling_args: dict[str, Any]
+    ) -> asyncio.Future[list[Group]]:
+        return self.rollouts.start(rows, sampling_args)
+
+    async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
+        result: dict[str, Any] = await asyncio.to_thread(train_step, self.run.ctx, samples)
+        if samples and not result["skipped_nonfinite"]:
+            await self.rollouts.update_weights(self.run.ctx.policy)
+        return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0]}
+
+    async def save(self, position: RunPosition) -> None:
+        run, ctx = self.run, self.run.ctx
+        save_checkpoint(run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
+                        keep=run.config.keep_checkpoints, tokenizer=run.tokenizer)  # fmt: skip
 
 
 async def _run(config: TrainConfig) -> int:
     run = _prepare(config)
-    t = config.trainer
     rollouts = _rollouts(run)
-    logger, traces = open_run_files(
-        config, run.run_dir, "grpo", rollouts.name, config.model, run.sampling_args, run.state.step
-    )
-    progress = _progress_bar(config.progress, t.max_steps, run.state.step)
-    # Async pipeline: batches for the next `num_batches_ahead` steps are already generating while we
-    # train; each is tagged with its step, so its seeds and data rows do not depend on timing.
-    pending: deque[asyncio.Future[list[Group]]] = deque()
-    next_step, next_position, streak = run.state.step, run.state.data_position, 0
-    started = time.perf_counter()
+    spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
+                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"])  # fmt: skip
     try:
-        while run.state.step < t.max_steps:
-            while next_step < t.max_steps and len(pending) <= t.num_batches_ahead:
-                rows = rows_at(run.dataset, next_position, t.batch_size, config.seed)
-                pending.append(
-                    rollouts.start(rows, {**run.sampling_args, "seed": batch_seed(config.seed, next_step)})
-                )
-                next_step, next_position = next_step + 1, next_position + t.batch_size
-            waiting = time.perf_counter()
-            groups = await pending.popleft()
-            waited = time.perf_counter() - waiting
-            for group in groups:
-                traces.write_group(group, step=run.state.step + 1)
-            row, streak = await _step(run, rollouts, groups, streak)
-            row.update(
-                {"timing/wait_generation_s": waited, "timing/elapsed_s": time.perf_counter() - started}
-            )
-            logger.log(row)
-            _report(progress, row)
+        await run_training(config, spec, _Learner(run, rollouts), run.start)
     finally:
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        traces.close()
-        logger.close()
-        if progress is not None:
-            progress.close()
         await rollouts.aclose()
-    finish_run(logger.rows, run.run_dir, f"{config.env} · {config.model} · grpo",
-               ["metrics.jsonl", "traces.jsonl", "checkpoints/"])  # fmt: skip
     return 0
 
 
-def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
-
-
-def _report(progress: Any, row: dict[str, Any]) -> None:
-    reward = row.get("reward/mean")
-    text = f"reward={reward:.3f}" if reward is not None else "reward=n/a"
-    if progress is not None:
-        progress.set_postfix_str(f"{text} loss={row['loss']:.4f} masked={row['episodes/masked']}")
-        progress.update(1)
-    else:
-        print(
-            f"step {row['step']}: {text} loss={row['loss']:.4f} masked={row['episodes/masked']}", flush=True
-        )
+# the bundled trainer reads every shared key and has no section of its own
+BACKEND = Backend(name="grpo", run=run, honoured_keys=shared_keys(), validate=validate)

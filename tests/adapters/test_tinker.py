@@ -245,7 +245,7 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
 
 
 def test_refusals_are_one_sentence(monkeypatch: pytest.MonkeyPatch):
-    from bridges.adapters.tinker.backend import check_config
+    from bridges.adapters.tinker.backend import BACKEND
     from bridges.config import parse_config
     from bridges.errors import ConfigError
     from bridges.train_config import TrainConfig
@@ -255,11 +255,12 @@ def test_refusals_are_one_sentence(monkeypatch: pytest.MonkeyPatch):
         (["backend=tinker", "tinker.base_url=local", "sampling.temperature=0.7"], "untempered distribution"),
         (["backend=tinker"], "TINKER_API_KEY is not set"),
         (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dpo"], "tinker.loss_fn must be one of"),
-        (["backend=tinker", "tinker.base_url=local", "tinker.lr=1"], "unknown key 'tinker.lr'"),
+        (["backend=tinker", "tinker.base_url=local", "tinker.lr=1"], "unknown config key 'tinker.lr'"),
     ]
     for argv, message in cases:
         with pytest.raises(ConfigError, match=message) as info:
-            check_config(parse_config(TrainConfig, argv))
+            config = parse_config(TrainConfig, argv)
+            BACKEND.validate(config, BACKEND.parse_options(dict(config.tinker)))
         assert str(info.value).endswith(".") and "\n" not in str(info.value)
 
 

@@ -49,11 +49,14 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["engine=bogus"], "engine must be one of auto, hf, vllm; got 'bogus'."),
     (["report_to=bogus"], "report_to must be one of none, wandb; got 'bogus'."),
     (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
-    (["dry_run=true", "backend=trl", "trl.learning_rat=1"], "'trl.learning_rat' is not a GRPOConfig field"),
+    (
+        ["dry_run=true", "backend=trl", "trl.learning_rat=1"],
+        "'trl.learning_rat' is not a key of GRPOConfig (did you mean 'trl.learning_rate'?)",
+    ),
     (["dry_run=true", "backend=trl", "engine=vllm"], "backend=trl generates with TRL's own engine"),
     (
         ["backend=tinker", "tinker.base_url=local", "tinker.max_steps_off_policy=1"],
-        "unknown key 'tinker.max_steps_off_policy'",
+        "unknown config key 'tinker.max_steps_off_policy'",
     ),
     (
         ["backend=tinker", "tinker.base_url=local", "trainer.beta=0.1"],

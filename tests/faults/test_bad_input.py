@@ -21,7 +21,7 @@ CASES = [  # (argv, the start of the sentence)
         ["backend=tinker", "tinker.base_url=local", "sampling.temperature=0.5"],
         "sampling.temperature=0.5 is refused",
     ),
-    (["backend=trl", "trl.not_a_field=1"], "'trl.not_a_field' is not a GRPOConfig field"),
+    (["backend=trl", "trl.not_a_field=1"], "'trl.not_a_field' is not a key of GRPOConfig"),
 ]
 
 
