@@ -264,14 +264,33 @@ def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -
     raise _refuse(name, value, path)
 
 
-def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
-    """Validate ``chat.completions.create`` keyword arguments (raises BadRequestError/TypeError)."""
-    path = CHAT_PATH
-    messages = kwargs.get("messages")
-    model = kwargs.get("model")
-    if messages is None or model is None:
-        missing = "messages" if messages is None else "model"
+def _sampling_option(name: str, value: Any, params: SamplingParams, path: str) -> bool:
+    """The sampling arguments both endpoints share, into ``params``; False when ``name`` is not one."""
+    if name == "temperature":
+        params.temperature = _temperature(value, path)
+    elif name == "top_p":
+        params.top_p = _number(name, value, path)
+        if not 0.0 < params.top_p <= 1.0:
+            raise _bad(f"'top_p' must be in (0, 1], got {value!r}.", name, path)
+    elif name == "stop":
+        params.stop = _stop(value, path)
+    elif name == "seed":
+        params.seed = _int(name, value, path, -(2**63))
+    else:
+        return False
+    return True
+
+
+def _required(kwargs: dict[str, Any], first: str) -> tuple[Any, str]:
+    """``first`` (messages or prompt) and ``model``, as the SDK's own signature demands them."""
+    value, model = kwargs.get(first), kwargs.get("model")
+    if value is None or model is None:
+        missing = first if value is None else "model"
         raise TypeError(f"create() missing 1 required keyword-only argument: '{missing}'")
+    return value, str(model)
+
+
+def _chat_messages(messages: Any, path: str) -> list[Any]:
     if not isinstance(messages, list):
         if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
             raise _bad("'messages' must be a list of chat messages.", "messages", path)
@@ -279,142 +298,124 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
     if not messages:
         raise _bad("'messages' must contain at least one message.", "messages", path)
     check_messages(messages, path)
-    params = SamplingParams()
-    n = 1
-    tools = None
-    parse_tools = True
-    max_tokens = None
-    logprobs = False
-    return_drift = False
-    timeout = None
-    for name, value in kwargs.items():
-        if name == "messages" or name == "model":
-            continue
-        if name == "temperature":
-            if not is_absent(value):
-                params.temperature = _temperature(value, path)
-        elif name == "max_tokens" or name == "max_completion_tokens":
-            if not is_absent(value):
-                value = _int(name, value, path, 1)
-                max_tokens = value if max_tokens is None or name == "max_completion_tokens" else max_tokens
-        elif name == "n":
-            if not is_absent(value):
-                n = _int(name, value, path, 1)
-        elif name == "top_p":
-            if not is_absent(value):
-                params.top_p = _number(name, value, path)
-                if not 0.0 < params.top_p <= 1.0:
-                    raise _bad(f"'top_p' must be in (0, 1], got {value!r}.", name, path)
-        elif name == "stop":
-            if not is_absent(value):
-                params.stop = _stop(value, path)
-        elif name == "seed":
-            if not is_absent(value):
-                params.seed = _int(name, value, path, -(2**63))
-        elif name == "tools":
-            if not is_absent(value):
-                tools = _tools(value, path)
-        elif name == "tool_choice":
-            if is_absent(value) or value == "auto":
-                continue
-            if value == "none":
-                parse_tools = False
-                continue
+    return messages
+
+
+def _chat_option(name: str, value: Any, request: ChatRequest, path: str) -> None:
+    """One ``chat.completions.create`` argument (present, not the messages or model) into ``request``."""
+    if _sampling_option(name, value, request.params, path):
+        return
+    if name in ("max_tokens", "max_completion_tokens"):
+        tokens = _int(name, value, path, 1)  # max_completion_tokens wins when both are given
+        request.max_tokens = (
+            tokens if request.max_tokens is None or name == "max_completion_tokens" else request.max_tokens
+        )
+    elif name == "n":
+        request.n = _int(name, value, path, 1)
+    elif name == "tools":
+        request.tools = _tools(value, path)
+    elif name == "tool_choice":
+        if value not in ("auto", "none"):
             raise _bad(
                 f"'tool_choice'={value!r} cannot be enforced: the engine samples freely without constrained "
                 f"decoding; use 'auto' (or 'none') and check the reply's tool_calls.",
                 name,
                 path,
             )
-        elif name == "logprobs":
-            if not is_absent(value):
-                if not isinstance(value, bool):
-                    raise _bad(f"'logprobs' must be a boolean, got {value!r}.", name, path)
-                logprobs = value
-        elif name == "top_logprobs":
-            if not is_absent(value) and value != 0:
-                raise _bad(
-                    f"'top_logprobs'={value!r} is not supported: engines return only the sampled token's "
-                    f"logprob (use logprobs=True, or read choices[i].token_logprobs).",
-                    name,
-                    path,
-                )
-        elif name == "extra_body":
-            if not is_absent(value):
-                return_drift = _apply_extra_body(value, params, path, CHAT_EXTRA_BODY_KEYS)
-        elif name == "timeout":
-            timeout = _timeout(value)
-        else:
+        request.parse_tools = value == "auto"
+    elif name == "logprobs":
+        if not isinstance(value, bool):
+            raise _bad(f"'logprobs' must be a boolean, got {value!r}.", name, path)
+        request.logprobs = value
+    elif name == "top_logprobs":
+        if value != 0:
+            raise _bad(
+                f"'top_logprobs'={value!r} is not supported: engines return only the sampled token's "
+                f"logprob (use logprobs=True, or read choices[i].token_logprobs).",
+                name,
+                path,
+            )
+    elif name == "extra_body":
+        request.return_drift = _apply_extra_body(value, request.params, path, CHAT_EXTRA_BODY_KEYS)
+    else:
+        _check_other(name, value, _CHAT_SDK_PARAMS, path)
+
+
+def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
+    """Validate ``chat.completions.create`` keyword arguments (raises BadRequestError/TypeError)."""
+    path = CHAT_PATH
+    messages, model = _required(kwargs, "messages")
+    request = ChatRequest(_chat_messages(messages, path), model, 1, None, True, None, SamplingParams(),
+                          False, False, None)  # fmt: skip
+    for name, value in kwargs.items():
+        if name in ("messages", "model"):
+            continue
+        if name == "timeout":
+            request.timeout = _timeout(value)
+        elif is_absent(value):
             _check_other(name, value, _CHAT_SDK_PARAMS, path)
-    return ChatRequest(
-        messages, str(model), n, tools, parse_tools, max_tokens, params, logprobs, return_drift, timeout
-    )
+        else:
+            _chat_option(name, value, request, path)
+    return request
 
 
-def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
-    """Validate ``completions.create`` keyword arguments (a single prompt: text or token ids)."""
-    path = COMPLETIONS_PATH
-    prompt = kwargs.get("prompt")
-    model = kwargs.get("model")
-    if prompt is None or model is None:
-        missing = "prompt" if prompt is None else "model"
-        raise TypeError(f"create() missing 1 required keyword-only argument: '{missing}'")
+def _completion_prompt(prompt: Any, path: str) -> str | list[int]:
     if (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
     ):
-        prompt = list(prompt)
-    elif isinstance(prompt, str):
+        return list(prompt)
+    if isinstance(prompt, str):
         check_text(prompt, "prompt", path)
+        return prompt
+    raise _bad(
+        "'prompt' must be one string or one list of token ids (batched prompts are not supported; "
+        "send one request per prompt).",
+        "prompt",
+        path,
+    )
+
+
+def _completion_option(name: str, value: Any, request: CompletionRequest, n_given: Any, path: str) -> None:
+    """One ``completions.create`` argument (present, not the prompt or model) into ``request``."""
+    if _sampling_option(name, value, request.params, path):
+        return
+    if name == "max_tokens":
+        request.max_tokens = _int(name, value, path, 1)
+    elif name == "n":
+        request.n = _int(name, value, path, 1)
+    elif name == "logprobs":
+        if value != 0 or isinstance(value, bool):
+            raise _bad(
+                f"'logprobs'={value!r} asks for top alternatives, which engines do not return; use "
+                f"logprobs=0 for the sampled tokens' logprobs (or read choices[i].token_logprobs).",
+                name,
+                path,
+            )
+        request.logprobs = True
+    elif name == "best_of":
+        if value not in (1, n_given):
+            raise _refuse(name, value, path)
+    elif name == "extra_body":
+        _apply_extra_body(value, request.params, path, COMPLETION_EXTRA_BODY_KEYS)
     else:
-        raise _bad(
-            "'prompt' must be one string or one list of token ids (batched prompts are not supported; "
-            "send one request per prompt).",
-            "prompt",
-            path,
-        )
-    params = SamplingParams()
-    n = 1
-    max_tokens = 16  # the OpenAI (and vLLM) default for completions
-    logprobs = False
-    timeout = None
+        _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
+
+
+def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
+    """Validate ``completions.create`` keyword arguments (a single prompt: text or token ids)."""
+    path = COMPLETIONS_PATH
+    prompt, model = _required(kwargs, "prompt")
+    # max_tokens 16: the OpenAI (and vLLM) default for completions
+    request = CompletionRequest(_completion_prompt(prompt, path), model, 1, 16, SamplingParams(), False, None)
     for name, value in kwargs.items():
-        if name == "prompt" or name == "model":
+        if name in ("prompt", "model"):
             continue
-        if is_absent(value):
+        if name == "timeout":
+            request.timeout = _timeout(value)
+        elif is_absent(value):
             _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
-            continue
-        if name == "temperature":
-            params.temperature = _temperature(value, path)
-        elif name == "max_tokens":
-            max_tokens = _int(name, value, path, 1)
-        elif name == "n":
-            n = _int(name, value, path, 1)
-        elif name == "top_p":
-            params.top_p = _number(name, value, path)
-            if not 0.0 < params.top_p <= 1.0:
-                raise _bad(f"'top_p' must be in (0, 1], got {value!r}.", name, path)
-        elif name == "stop":
-            params.stop = _stop(value, path)
-        elif name == "seed":
-            params.seed = _int(name, value, path, -(2**63))
-        elif name == "logprobs":
-            if value != 0 or isinstance(value, bool):
-                raise _bad(
-                    f"'logprobs'={value!r} asks for top alternatives, which engines do not return; use "
-                    f"logprobs=0 for the sampled tokens' logprobs (or read choices[i].token_logprobs).",
-                    name,
-                    path,
-                )
-            logprobs = True
-        elif name == "best_of":
-            if value not in (1, kwargs.get("n")):
-                raise _refuse(name, value, path)
-        elif name == "extra_body":
-            _apply_extra_body(value, params, path, COMPLETION_EXTRA_BODY_KEYS)
-        elif name == "timeout":
-            timeout = _timeout(value)
         else:
-            _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
-    return CompletionRequest(prompt, str(model), n, max_tokens, params, logprobs, timeout)
+            _completion_option(name, value, request, kwargs.get("n"), path)
+    return request

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from bridges.adapters.tinker import server as server_module
-from bridges.adapters.tinker.server import TinkerServerConfig, build_state, create_app
+from bridges.adapters.tinker.server import create_app
+from bridges.adapters.tinker.state import TinkerServerConfig, build_state
 from bridges.http_server import ServerThread
 
 SENTINEL_NAME = "pickle-ran"
