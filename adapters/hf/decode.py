@@ -63,6 +63,37 @@ def accepts_logits_to_keep(model: Any) -> bool:
 
 
 @torch.inference_mode()
+def _prefill(
+    model: Any, rows: list[RowRequest], pad_token_id: int, device: torch.device, logits_to_keep: bool
+) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    """One forward pass over the left-padded prompts: last logits, cache, attention mask, next positions."""
+    lengths = [len(r.prompt_ids) for r in rows]
+    width = max(lengths)
+    ids_rows = [[pad_token_id] * (width - n) + r.prompt_ids for n, r in zip(lengths, rows, strict=True)]
+    mask_rows = [[0] * (width - n) + [1] * n for n in lengths]
+    input_ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
+    attention_mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+    next_position = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(1)
+    prefill_kwargs = {"logits_to_keep": 1} if logits_to_keep else {}
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                **prefill_kwargs)  # fmt: skip
+    return out.logits[:, -1, :].float(), out.past_key_values, attention_mask, next_position
+
+
+def _finished(tokenizer: Any, row: RowRequest, result: RowResult, token: int, window: int) -> bool:
+    """Whether the row ends with ``token`` just appended (setting its finish reason and stop string)."""
+    if token in row.stop_token_ids:
+        result.finish_reason = "stop"
+    elif window and (hit := _stop_string_hit(tokenizer, result.token_ids, row.params.stop, window)):
+        result.finish_reason, result.stop_str = "stop", hit
+    elif len(result.token_ids) >= row.max_new_tokens:
+        result.finish_reason = "length"
+    else:
+        return False
+    return True
+
+
 def generate_batch(
     model: Any,
     tokenizer: Any,
@@ -72,59 +103,27 @@ def generate_batch(
     device: torch.device,
     logits_to_keep: bool = False,
 ) -> list[RowResult]:
-    """Generate every row to completion and return one result per row, in order."""
-    batch = len(rows)
-    lengths = [len(r.prompt_ids) for r in rows]
-    width = max(lengths)
-    ids_rows = [[pad_token_id] * (width - n) + r.prompt_ids for n, r in zip(lengths, rows, strict=True)]
-    mask_rows = [[0] * (width - n) + [1] * n for n in lengths]
-    input_ids = torch.tensor(ids_rows, dtype=torch.long, device=device)
-    attention_mask = torch.tensor(mask_rows, dtype=torch.long, device=device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
-    next_position = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(1)
-
+    """Generate every row to completion and return one result per row, in order. Finished rows are
+    dropped from the batch (and the cache) once a quarter of it is done, so long tails run narrow."""
+    logits, cache, attention_mask, next_position = _prefill(model, rows, pad_token_id, device, logits_to_keep)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     sampler = BatchSampler([r.params for r in rows], [r.seed for r in rows], vocab_size, device)
     results = [RowResult() for _ in rows]
     stop_windows = [(max(map(len, r.params.stop)) + 8) if r.params.stop else 0 for r in rows]
-
-    prefill_kwargs = {"logits_to_keep": 1} if logits_to_keep else {}
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=True,
-        **prefill_kwargs,
-    )
-    cache = out.past_key_values
     can_compact = hasattr(cache, "batch_select_indices")
-    logits = out.logits[:, -1, :].float()
-    active = list(range(batch))  # batch position -> row index
-    alive = [True] * batch  # per batch position: still generating
-    n_alive = batch
+    active = list(range(len(rows)))  # batch position -> row index
+    alive = [True] * len(rows)  # per batch position: still generating
+    n_alive = len(rows)
     while True:
         tokens, logprobs = sampler.sample(logits)
         token_list, logprob_list = tokens.tolist(), logprobs.tolist()
         for pos, row_index in enumerate(active):
-            if not alive[pos]:
-                continue
-            row, result, token = rows[row_index], results[row_index], token_list[pos]
-            result.token_ids.append(token)
-            result.logprobs.append(logprob_list[pos])
-            finished = True
-            if token in row.stop_token_ids:
-                result.finish_reason = "stop"
-            elif stop_windows[row_index] and (
-                hit := _stop_string_hit(tokenizer, result.token_ids, row.params.stop, stop_windows[row_index])
-            ):
-                result.finish_reason, result.stop_str = "stop", hit
-            elif len(result.token_ids) >= row.max_new_tokens:
-                result.finish_reason = "length"
-            else:
-                finished = False
-            if finished:
-                alive[pos] = False
-                n_alive -= 1
+            if alive[pos]:
+                result, token = results[row_index], token_list[pos]
+                result.token_ids.append(token)
+                result.logprobs.append(logprob_list[pos])
+                if _finished(tokenizer, rows[row_index], result, token, stop_windows[row_index]):
+                    alive[pos], n_alive = False, n_alive - 1
         if n_alive == 0:
             return results
         if can_compact and len(active) - n_alive >= max(1, len(active) // 4):
@@ -133,16 +132,9 @@ def generate_batch(
             cache.batch_select_indices(keep)
             sampler.keep(keep, keep_list)
             tokens, attention_mask, next_position = tokens[keep], attention_mask[keep], next_position[keep]
-            active = [active[pos] for pos in keep_list]
-            alive = [True] * n_alive
+            active, alive = [active[pos] for pos in keep_list], [True] * n_alive
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
-        out = model(
-            input_ids=tokens.unsqueeze(1),
-            attention_mask=attention_mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :].float()
+        out = model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
+                    past_key_values=cache, use_cache=True)  # fmt: skip
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         next_position = next_position + 1

@@ -26,7 +26,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from functools import cached_property
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import httpx2
 import openai
@@ -100,6 +100,14 @@ def _logprobs_ok(sample: Sample) -> bool:
         return math.isfinite(sum(sample.logprobs))
     except TypeError:  # a None among them
         return False
+
+
+class _ChatPrompt(NamedTuple):
+    ids: list[int]
+    added: list[int]  # the ids this turn appended to the parent's history (all of them on a restart)
+    parent: LedgerRecord | None  # the record of the longest known prefix, None when there is none
+    restart: bool  # rendered in full rather than extended
+    last_hash: int  # identifies the whole request's messages
 
 
 class UnsupportedEndpointError(openai.OpenAIError):
@@ -389,12 +397,9 @@ class EngineClient(openai.AsyncOpenAI):
         return f"{kind}-{self._id_prefix}{next(self._ids):x}"
 
     # -- chat ----------------------------------------------------------------------------------
-    async def _chat_create(self, **kwargs: Any) -> ChatCompletion:
-        request = parse_chat(kwargs)
-        messages = request.messages
-        tools = request.tools
-        renderer = self.renderer
-        tkey = self._tools_key(tools) if tools else None
+    def _chat_prompt(self, messages: list[Any], tools: Any, tkey: Any) -> _ChatPrompt:
+        """The prompt ids of a chat request: the ledger's history of the longest known prefix plus the
+        bridge to the new messages when that extends token-exactly, else a full render."""
         try:
             hashes = prefix_hashes(messages)
         except ValueError as exc:  # a message without a role
@@ -405,44 +410,44 @@ class EngineClient(openai.AsyncOpenAI):
         try:
             bridge = None
             if parent is not None:
-                bridge = renderer.bridge_ids(_as_dicts(messages[covered:]), tools, tkey)
+                bridge = self.renderer.bridge_ids(_as_dicts(messages[covered:]), tools, tkey)
             if bridge is not None:
                 prompt_ids = parent.history_ids()  # type: ignore[union-attr]
                 prompt_ids += bridge
-                added: list[int] = bridge
-            else:
-                prompt_ids = renderer.render_ids(_as_dicts(messages), tools, True)
-                added = prompt_ids.copy()
-        except ChatTemplateError as exc:
+                return _ChatPrompt(prompt_ids, bridge, parent, False, hashes[-1])
+            prompt_ids = self.renderer.render_ids(_as_dicts(messages), tools, True)
+            return _ChatPrompt(prompt_ids, prompt_ids.copy(), parent, True, hashes[-1])
+        except (ChatTemplateError, ValueError) as exc:  # a template that cannot render these messages
             raise bad_request(str(exc), param="messages") from exc
-        except ValueError as exc:  # a message without a role, ...
-            raise bad_request(str(exc), param="messages") from exc
-        params = request.params
+
+    async def _chat_create(self, **kwargs: Any) -> ChatCompletion:
+        request = parse_chat(kwargs)
+        messages, tools, renderer, params = request.messages, request.tools, self.renderer, request.params
+        tkey = self._tools_key(tools) if tools else None
+        prompt_ids, added, parent, restart, last_hash = self._chat_prompt(messages, tools, tkey)
         self._budget(len(prompt_ids), request.max_tokens, params, CHAT_PATH)
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, CHAT_PATH)
 
         parse = self._parse_tools if (tools and request.parse_tools) else None
-        decode = renderer.decode
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
-        restart = bridge is None
         drifted = restart and parent is not None
-        num_messages = len(messages)
-        last_hash = hashes[-1]
-        choices = []
-        first_record = None
+        choices, records = [], []
         for i, sample in enumerate(samples):
-            text = reply_text(decode, sample, end_ids)
-            entries = logprob_entries(decode, sample.token_ids, sample.logprobs) if request.logprobs else None
+            text = reply_text(renderer.decode, sample, end_ids)
+            entries = (
+                logprob_entries(renderer.decode, sample.token_ids, sample.logprobs)
+                if request.logprobs
+                else None
+            )
             choice = chat_choice(i, sample, text, parse, entries)
             choices.append(choice)
             sampled = tuple(sample.token_ids)
             closing = renderer.closing_ids(sampled, sample.finish_reason, tools, tkey)
             record = LedgerRecord(
-                parent, added, sampled, closing, num_messages, tools, tkey, restart, drifted
+                parent, added, sampled, closing, len(messages), tools, tkey, restart, drifted
             )
             self.ledger.put(extend_hash(last_hash, choice["message"]), record)
-            if first_record is None:
-                first_record = record
+            records.append(record)
         payload: dict[str, Any] = {
             "id": self._response_id("chatcmpl"),
             "object": "chat.completion",
@@ -452,9 +457,10 @@ class EngineClient(openai.AsyncOpenAI):
             "usage": usage(len(prompt_ids), samples),
             "weight_version": samples[0].weight_version,
         }
-        if request.return_drift and first_record is not None:
-            drift = measure_record_drift(first_record, _as_dicts(messages), renderer)
-            payload["drift_tokens"], payload["drifted_turns"] = drift
+        if request.return_drift and records:
+            payload["drift_tokens"], payload["drifted_turns"] = measure_record_drift(
+                records[0], _as_dicts(messages), renderer
+            )
         response = validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
         sink = _RESPONSE_SINK.get()
         if sink is not None:
