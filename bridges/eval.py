@@ -212,34 +212,10 @@ def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
     staging.rename(path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
-    config = parse_config(EvalConfig, sys.argv[1:] if argv is None else argv)
-    output = Path(config.output) if config.output else default_output(config.env, config.model)
-    validate(config, output)
-    identity = {
-        "env": config.env,
-        "env_args": config.env_args,
-        "model": config.model,
-        "rollouts_per_example": config.rollouts_per_example,
-        "split": config.split,
-    }
-    check_resumable(output, identity)
-    env = build_environment(config.env, config.env_args)
-    check_dataset(env, config.split, config.env)
-    dataset = (
-        env.get_eval_dataset(n=config.num_examples)
-        if config.split == "eval"
-        else env.get_dataset(n=config.num_examples)
-    )
-    sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
-    token_ids = config.engine == "hf"
-    # a missing API key fails here, before any work; a local model loads only if something is left to do
-    remote = build_client(config) if config.engine == "openai" else None
-
-    output.mkdir(parents=True, exist_ok=True)
+def _resume(output: Path, dataset: Any, rollouts_per_example: int) -> tuple[list[dict[str, Any]], Any]:
+    """The rows an earlier run of this evaluation saved, and the dataset rows still to generate."""
     results_path = output / RESULTS_FILE
-    saved, dropped = read_results(results_path, config.rollouts_per_example)
+    saved, dropped = read_results(results_path, rollouts_per_example)
     if dropped:  # rewrite without the partial group a crash left behind
         from bridges.results import dumps
 
@@ -248,37 +224,45 @@ def main(argv: list[str] | None = None) -> int:
     resumed = [r for r in saved if r["example_id"] in wanted]  # a smaller num_examples uses a subset
     done = {r["example_id"] for r in resumed}
     rows = dataset.filter(lambda row: row["example_id"] not in done) if done else dataset
-    metadata = {
-        **identity,
-        "engine": config.engine,
-        "base_url": config.base_url if config.engine == "openai" else None,
-        "num_examples": len(dataset),
-        "sampling_args": {**(getattr(env, "sampling_args", None) or {}), **sampling_args},
-        "seed": config.seed,
-        "token_ids": token_ids,
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     print(
         f"{len(resumed)} rows resumed from {results_path} ({len(done)} examples); "
-        f"generating {len(rows) * config.rollouts_per_example} rows ({len(rows)} examples)."
+        f"generating {len(rows) * rollouts_per_example} rows ({len(rows)} examples)."
     )
+    return resumed, rows
 
-    writer = ResultsWriter(results_path)
+
+def main(argv: list[str] | None = None) -> int:
+    """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
+    config = parse_config(EvalConfig, sys.argv[1:] if argv is None else argv)
+    output = Path(config.output) if config.output else default_output(config.env, config.model)
+    validate(config, output)
+    identity = {"env": config.env, "env_args": config.env_args, "model": config.model,
+                "rollouts_per_example": config.rollouts_per_example, "split": config.split}  # fmt: skip
+    check_resumable(output, identity)
+    env = build_environment(config.env, config.env_args)
+    check_dataset(env, config.split, config.env)
+    split = env.get_eval_dataset if config.split == "eval" else env.get_dataset
+    dataset = split(n=config.num_examples)
+    sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
+    token_ids = config.engine == "hf"
+    # a missing API key fails here, before any work; a local model loads only if something is left to do
+    remote = build_client(config) if config.engine == "openai" else None
+    output.mkdir(parents=True, exist_ok=True)
+    resumed, rows = _resume(output, dataset, config.rollouts_per_example)
+    metadata = {
+        **identity, "engine": config.engine, "base_url": config.base_url if config.engine == "openai" else None,
+        "num_examples": len(dataset), "sampling_args": {**(env.sampling_args or {}), **sampling_args},
+        "seed": config.seed, "token_ids": token_ids, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }  # fmt: skip
+    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    writer = ResultsWriter(output / RESULTS_FILE)
     if len(rows):
         client = remote if remote is not None else build_client(config)
         asyncio.run(
-            env.generate(
-                rows,
-                client,
-                config.model,
-                rollouts_per_example=config.rollouts_per_example,
-                sampling_args=sampling_args,
-                max_concurrent=config.max_concurrent,
-                progress=config.progress,
-                on_group=writer,
-            )
-        )
+            env.generate(rows, client, config.model, rollouts_per_example=config.rollouts_per_example,
+                         sampling_args=sampling_args, max_concurrent=config.max_concurrent,
+                         progress=config.progress, on_group=writer)
+        )  # fmt: skip
     records = resumed + writer.records
     summary = summarize(records, config.rollouts_per_example)
     save_dataset(records, output / "dataset")
@@ -290,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         f" | {len(resumed)} rows resumed, {len(writer.records)} new"
     )
     print(format_table(summary, header, token_ids))
-    print(f"saved {len(records)} rows to {results_path} and {output / 'dataset'}")
+    print(f"saved {len(records)} rows to {output / RESULTS_FILE} and {output / 'dataset'}")
     return 0
 
 

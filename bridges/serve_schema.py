@@ -89,8 +89,8 @@ def _responses(ok: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
-    """The OpenAPI 3.1 description of every endpoint the server answers."""
+def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chat and the completion request schemas."""
     model = {"type": "string", "enum": list(model_names)}
     chat = {
         "type": "object",
@@ -106,45 +106,47 @@ def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
             **_sampling(max_n),
         },
     }
+    token_ids = {"type": "array", "items": {"type": "integer", "minimum": 0}}
     completion = {
         "type": "object",
         "required": ["model", "prompt"],
         "properties": {
             "model": model,
-            "prompt": {
-                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer", "minimum": 0}}]
-            },
+            "prompt": {"oneOf": [{"type": "string"}, token_ids]},
             "logprobs": {"type": "integer", "enum": [0]},
             **_sampling(max_n),
         },
     }
+    return chat, completion
+
+
+def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of every endpoint the server answers."""
+    chat, completion = _request_bodies(model_names, max_n)
+
+    def post(operation: str, body: dict[str, Any], answer: str) -> dict[str, Any]:
+        return {
+            "post": {
+                "operationId": operation,
+                "requestBody": _json_body(body),
+                "responses": _responses(answer),
+            }
+        }
+
+    model_parameter = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "rl-bridges engine server", "version": "0.1.0"},
         "paths": {
-            "/v1/chat/completions": {
-                "post": {
-                    "operationId": "chat",
-                    "requestBody": _json_body(chat),
-                    "responses": _responses("a chat completion"),
-                }
-            },
-            "/v1/completions": {
-                "post": {
-                    "operationId": "completions",
-                    "requestBody": _json_body(completion),
-                    "responses": _responses("a text completion"),
-                }  # fmt: skip
-            },
+            "/v1/chat/completions": post("chat", chat, "a chat completion"),
+            "/v1/completions": post("completions", completion, "a text completion"),
             "/v1/models": {
                 "get": {"operationId": "models", "responses": _responses("the served model names")}
             },
             "/v1/models/{model}": {
                 "get": {
                     "operationId": "model",
-                    "parameters": [
-                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
+                    "parameters": [model_parameter],
                     "responses": _responses("one served model"),
                 }
             },
