@@ -1,12 +1,13 @@
-"""The engine contract: every engine that runs on this CPU passes the same checks at the token seam.
+"""The engine contract: every engine passes the same checks at the token seam.
 
-hf (transformers), verl's server seam (``VerlServerEngine`` over the hf stand-in server manager),
-Tinker (``TinkerEngine`` over the local Tinker-compatible server, through the real SDK) and the
-fault-injecting test engine with no fault planned. What every backend's trainer relies on: the
+hf (transformers), vLLM (``VLLMEngine`` with its real request and output conversion, over a stand-in
+for the GPU-only ``AsyncLLM``: ``tests/support/vllm_standin.py``), verl's server seam
+(``VerlServerEngine`` over the hf stand-in server manager), Tinker (``TinkerEngine`` over the local
+Tinker-compatible server, through the real SDK) and the fault-injecting test engine with no fault
+planned. What every backend's trainer relies on: the
 protocol's members, ``n`` samples of at most ``max_tokens`` ids with exactly one finite, non-positive
 logprob each, a finish reason from the three allowed, the engine's weight version on every sample,
-stop strings honoured, and a clean ``aclose``. (vLLM is checked only on a GPU machine; its request
-conversion is tested in tests/adapters/test_vllm_seams.py.)
+stop strings honoured, and a clean ``aclose``; trainable engines take new weights and bump their version.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from bridges.types import Engine, SamplingParams
 
-KINDS = ["hf", "verl", "tinker", "faulty"]
+KINDS = ["hf", "vllm", "verl", "tinker", "faulty"]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +39,28 @@ def tinker_server(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             os.environ.pop("TINKER_API_KEY", None)
 
 
+def vllm_engine(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import vllm_standin
+
+    from bridges.adapters.vllm import VLLMEngine
+    from bridges.engines import load_engine
+
+    vllm_standin.install(monkeypatch)
+    hf = load_engine("hf", str(tiny_path))
+    return VLLMEngine(vllm_standin.HFAsyncLLM(hf), hf.tokenizer, max_model_len=hf.max_model_len)
+
+
 @pytest.fixture(params=KINDS)
-async def engine(request: pytest.FixtureRequest, tiny_path: Path, tiny_tokenizer: Any) -> AsyncIterator[Any]:
+async def engine(
+    request: pytest.FixtureRequest, tiny_path: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Any]:
     from bridges.engines import load_engine
 
     kind = request.param
     if kind == "hf":
         built = load_engine("hf", str(tiny_path))
+    elif kind == "vllm":
+        built = vllm_engine(tiny_path, monkeypatch)
     elif kind == "faulty":
         from faulty_engine import FaultyEngine
 
@@ -62,9 +78,7 @@ async def engine(request: pytest.FixtureRequest, tiny_path: Path, tiny_tokenizer
         from bridges.adapters.tinker.engine import TinkerEngine
 
         server = request.getfixturevalue("tinker_server")
-        sampler = await tinker.ServiceClient(base_url=server.url).create_sampling_client_async(
-            base_model="tiny"
-        )
+        sampler = await tinker.ServiceClient(base_url=server.url).create_sampling_client(base_model="tiny")
         built = TinkerEngine(sampler, tiny_tokenizer)
     yield built
     await built.aclose()
@@ -122,21 +136,35 @@ async def test_greedy_sampling_is_repeatable(engine: Any, tiny_path: Path, tiny_
     assert first[0].token_ids == again[0].token_ids
 
 
-@pytest.mark.parametrize("kind", ["hf", "faulty"])
-async def test_trainable_engines_bump_their_weight_version(kind: str, tiny_path: Path):
+@pytest.mark.parametrize("kind", ["hf", "vllm", "faulty"])
+async def test_trainable_engines_take_new_weights_and_bump_their_version(
+    kind: str, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import torch
+
     from bridges.engines import load_engine
     from bridges.types import TrainableEngine
 
-    engine = load_engine("hf", str(tiny_path))
+    engine = vllm_engine(tiny_path, monkeypatch) if kind == "vllm" else load_engine("hf", str(tiny_path))
     if kind == "faulty":
         from faulty_engine import FaultyEngine
 
         engine = FaultyEngine(engine)
     assert isinstance(engine, TrainableEngine)
-    before = engine.weight_version
-    model = (engine.inner if kind == "faulty" else engine).model
-    state = {k: v for k, v in model.state_dict().items() if "lm_head" in k}
+    model = {
+        "hf": lambda: engine.model,
+        "faulty": lambda: engine.inner.model,
+        "vllm": lambda: engine.llm.hf.model,
+    }[kind]()
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    before, first = engine.weight_version, await engine.generate(prompt(engine.tokenizer), greedy)
+    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items() if "lm_head" in k or "embed" in k}
     await engine.aupdate_weights(state)
-    samples = await engine.generate(prompt(engine.tokenizer), SamplingParams(max_tokens=2))
+    samples = await engine.generate(prompt(engine.tokenizer), greedy)
     assert engine.weight_version == before + 1 == samples[0].weight_version
+    # all-zero logits: every id is equally likely, so the new weights are the ones sampled from
+    assert samples[0].logprobs == pytest.approx(
+        [-math.log(len(engine.tokenizer))] * len(samples[0].logprobs), rel=1e-3
+    )
+    assert first[0].logprobs != samples[0].logprobs
     await engine.aclose()
