@@ -82,7 +82,11 @@ def resolve_backend(name: str) -> Backend:
     if name not in backends:
         raise ConfigError(f"unknown backend '{name}'; available backends: {', '.join(sorted(backends))}.")
     module_name, _, attr = backends[name].partition(":")
-    found = getattr(importlib.import_module(module_name), attr or "BACKEND", None)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # an entry point of a broken or half-removed package
+        raise ConfigError(f"backend '{name}' ({backends[name]}) cannot be imported: {exc}.") from None
+    found = getattr(module, attr or "BACKEND", None)
     if not isinstance(found, Backend):
         raise ConfigError(
             f"backend '{name}' ({backends[name]}) does not name a bridges.backends.Backend; a backend "

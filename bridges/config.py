@@ -259,6 +259,10 @@ def check_passthrough(
     ``known`` maps every native key to its type (a class or a ``'int | None'`` string); an unknown key
     or a scalar of the wrong type is one sentence, found before the native library ever sees it."""
     for key, value in section.items():
+        if key not in known and any(k.startswith(f"{key}.") for k in known):
+            raise ConfigError(
+                f"'{prefix}{key}' is a section of {owner}; set its keys ({prefix}{key}.<key>=...)."
+            )
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""

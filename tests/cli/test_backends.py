@@ -40,6 +40,7 @@ def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["backend=trl", "trl.num_iterations=[1]"], "trl.num_iterations must be an integer in GRPOConfig, got [1]"),
         (["backend=trl", "trl.use_vllm=3"], "trl.use_vllm must be true or false in GRPOConfig, got 3"),
         (["backend=verl", "verl.trainer.n_gpu_per_node=1"], "did you mean 'verl.trainer.n_gpus_per_node'?"),
+        (["backend=verl", "verl.trainer=5"], "'verl.trainer' is a section of verl's PPO trainer config; set its keys"),
         (["backend=verl", "verl.trainer.total_epochs=many"], "verl.trainer.total_epochs must be a number in verl's PPO trainer config, got 'many'"),
         (["backend=tinker", "tinker.base_url=local", "tinker.adam_eps=-1"], "tinker.adam_eps must be greater than 0.0"),
     ],
@@ -88,6 +89,7 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mine-backend\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
         "[rl_bridges.backends]\nmine = mine_backend:BACKEND\nbroken = mine_backend:NOT_A_BACKEND\n"
+        "gone = removed_package.backend:BACKEND\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
@@ -108,4 +110,6 @@ def test_an_installed_backend_gets_its_own_typed_section(
     )
     err = refusal(["backend=broken", out], capsys)
     assert "backend 'broken' (mine_backend:NOT_A_BACKEND) does not name a bridges.backends.Backend" in err
+    err = refusal(["backend=gone", out], capsys)
+    assert "backend 'gone' (removed_package.backend:BACKEND) cannot be imported: No module named" in err
     assert len(plugin.SEEN) == 1  # nothing refused ever ran
