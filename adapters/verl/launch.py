@@ -10,8 +10,11 @@ The shared keys become overrides once, here; each ``verl.*`` key passes through 
 syntax, ``+`` prefixes included) and wins. ``dry_run=true`` writes the files and prints the
 command without importing verl, so it works without the ``[verl]`` extra or a GPU.
 
-Fixed choices, all overridable through ``verl.*``: vLLM async rollout, GRPO advantages, the legacy
-(``trainer.use_v1=false``) trainer, whose data path needs no TransferQueue install.
+Fixed choices, all overridable through ``verl.*``: the async rollout (``engine=``: vLLM where a GPU
+and vllm are present, else our transformers rollout ``hf``), GRPO advantages, the legacy
+(``trainer.use_v1=false``) trainer, whose data path needs no TransferQueue install. Without a GPU
+the launcher adds the overrides verl needs on a CPU and the plugin (``adapters/verl/plugin.py``,
+loaded by verl in each of its processes) selects the CPU platform.
 """
 
 from __future__ import annotations
@@ -85,15 +88,69 @@ def prompt_budget(env: Any, tokenizer: Any) -> int:
     return 64 * math.ceil(longest / 64)
 
 
-def overrides(
-    config: TrainConfig, files: dict[str, Path], prompt_length: int, model_path: str
-) -> dict[str, Any]:
-    """The shared keys as verl hydra overrides, then ``verl.*`` on top."""
+PLUGIN = "bridges.adapters.verl.plugin"
+
+
+def visible_gpus(config: TrainConfig) -> int:
+    """GPUs verl will use: those torch sees, or none when ``verl.trainer.device=cpu`` asks for the CPU."""
     import torch
 
+    return 0 if flatten(config.verl).get("trainer.device") == "cpu" else torch.cuda.device_count()
+
+
+def rollout_name(config: TrainConfig, gpus: int) -> str:
+    """``engine=`` as verl's rollout: hf (transformers, this project's backend) or vllm; auto picks vllm
+    only where it can run (a GPU and the package)."""
+    import importlib.util
+
+    if config.engine == "auto":
+        return "vllm" if gpus > 0 and importlib.util.find_spec("vllm") is not None else "hf"
+    return config.engine
+
+
+def placement_overrides(config: TrainConfig, gpus: int) -> dict[str, Any]:
+    """Devices and parallelism. verl's default rollout tensor parallelism (2) asserts on one GPU, so it
+    is what the visible GPUs allow; without a GPU, the overrides verl needs to train on the CPU (the
+    platform and patches come from the plugin, ``BRIDGES_VERL_CPU``)."""
+    rollout = rollout_name(config, gpus)
+    keys: dict[str, Any] = {
+        "actor_rollout_ref.rollout.name": rollout,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2
+        if rollout == "vllm" and gpus % 2 == 0
+        else 1,
+        "trainer.n_gpus_per_node": max(1, gpus),
+    }
+    if gpus == 0:
+        keys |= {
+            "trainer.device": "cpu",
+            "+ray_kwargs.ray_init.num_gpus": 1,  # verl counts only GPU resources: one logical slot
+            "ray_kwargs.ray_init.num_cpus": max(4, os.cpu_count() or 1),
+            "actor_rollout_ref.actor.strategy": "fsdp2",  # FSDP1 insists on syncing module states on a device
+            "actor_rollout_ref.ref.strategy": "fsdp2",
+            "actor_rollout_ref.model.use_remove_padding": False,  # needs flash-attn's varlen kernels
+            "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+            "actor_rollout_ref.rollout.agent.num_workers": 1,
+            "reward.num_workers": 1,
+            "data.dataloader_num_workers": 0,
+        }
+    return keys
+
+
+def launch_env(gpus: int) -> dict[str, str]:
+    """verl's processes import our plugin (``VERL_USE_EXTERNAL_MODULES``); on a CPU it selects the CPU platform."""
+    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN]
+    env = {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath()}
+    if gpus == 0:
+        env["BRIDGES_VERL_CPU"] = "1"
+    return env
+
+
+def overrides(
+    config: TrainConfig, files: dict[str, Path], prompt_length: int, model_path: str, gpus: int
+) -> dict[str, Any]:
+    """The shared keys as verl hydra overrides, then ``verl.*`` on top."""
     t = config.trainer
     response_length = config.sampling.max_tokens or t.max_completion_length
-    gpus = max(1, torch.cuda.device_count())
     keys: dict[str, Any] = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.norm_adv_by_std_in_grpo": t.loss != "dr_grpo",
@@ -119,7 +176,6 @@ def overrides(
         "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"
         if t.loss == "dr_grpo"
         else "token-mean",
-        "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.n": t.group_size,
         "actor_rollout_ref.rollout.temperature": config.sampling.temperature,
@@ -136,7 +192,7 @@ def overrides(
         "trainer.logger": ["console"] if config.report_to == "none" else ["console", config.report_to],
         "trainer.use_v1": False,
         "trainer.nnodes": 1,
-        "trainer.n_gpus_per_node": gpus,
+        **placement_overrides(config, gpus),
     }
     if t.lora_rank > 0:
         keys["actor_rollout_ref.model.lora_rank"] = t.lora_rank
@@ -145,8 +201,8 @@ def overrides(
     return {**keys, **flatten(config.verl)}
 
 
-def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
-    """Write the data and the loop registration; return the command and the files."""
+def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, str]]:
+    """Write the data and the loop registration; return the command, the files and the environment."""
     from transformers import AutoTokenizer
 
     from bridges.adapters.verl.dataset import write_verl_parquet
@@ -167,14 +223,15 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path]]:
     files["agent_loops"].write_text(json.dumps(registration, indent=2) + "\n")  # JSON is valid YAML
     model_path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    keys = overrides(config, files, prompt_budget(env, tokenizer), str(model_path))
+    gpus = visible_gpus(config)
+    keys = overrides(config, files, prompt_budget(env, tokenizer), str(model_path), gpus)
     command = [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
         *(f"{k}={hydra_value(v)}" for k, v in keys.items()),
     ]
-    return command, files
+    return command, files, launch_env(gpus)
 
 
 @functools.cache
@@ -214,17 +271,18 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     from bridges.preflight import check_model
 
     check_model(config.model)
-    if config.engine not in ("auto", "vllm"):
+    if config.engine == "vllm" and visible_gpus(config) == 0:
         raise ConfigError(
-            f"backend=verl samples with verl's own rollout servers; engine={config.engine} does not apply."
+            "engine=vllm needs a GPU and none is visible; use engine=hf (or auto) for verl on a CPU."
         )
 
 
 def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     """For ``dry_run=true``: the files written and the exact command, without importing verl."""
-    command, files = prepare(config)
+    command, files, env = prepare(config)
     listed = "".join(f"#   {key}: {path}\n" for key, path in files.items() if key != "run_dir")
-    return f"# verl files\n{listed}# verl command\n{shlex.join(command)}\n"
+    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k != "PYTHONPATH")
+    return f"# verl files\n{listed}# verl command\n{variables} {shlex.join(command)}\n"
 
 
 def worker_pythonpath() -> str:
@@ -236,9 +294,9 @@ def worker_pythonpath() -> str:
 
 def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("verl", "verl", "backend=verl")
-    command, _ = prepare(config)
+    command, _, env = prepare(config)
     print(shlex.join(command), flush=True)
-    return subprocess.call(command, env={**os.environ, "PYTHONPATH": worker_pythonpath()})
+    return subprocess.call(command, env={**os.environ, **env})
 
 
 BACKEND = Backend(

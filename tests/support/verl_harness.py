@@ -34,7 +34,7 @@ def compose(tmp_path: Path, model: Path, kind: str, *extra: str, env: str = "bri
             "sampling.max_tokens=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
         ],
     )  # fmt: skip
-    command, files = prepare(config)
+    command, files, _ = prepare(config)
     assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):

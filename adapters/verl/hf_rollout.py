@@ -1,0 +1,183 @@
+"""verl rollout backend ``hf`` (``actor_rollout_ref.rollout.name=hf``): verl's rollout served by transformers.
+
+verl 0.9.1 ships rollout servers for vLLM, SGLang and TensorRT-LLM only, so on a machine without a
+GPU its trainer cannot sample at all, and on a GPU there is no slow-but-simple path to debug a run
+against. This backend plugs into verl's own registries (``RolloutReplicaRegistry`` and the async
+``BaseRollout`` table) and implements the contract verl's other servers do:
+- ``HFReplica.launch_servers`` starts one ``HFRolloutServer`` Ray actor per replica, named so the
+  trainer-side adapter can find it;
+- ``HFRolloutServer.generate`` answers verl's token-in/token-out call (``prompt_ids`` +
+  ``sampling_params`` -> ``TokenOutput`` with one logprob per sampled id) from our transformers
+  engine, and takes the lifecycle calls verl makes around weight syncs (all no-ops: nothing to page out);
+- ``HFServerAdapter.update_weights`` receives the actor's weights from verl's checkpoint engine each
+  step (``named_tensors``), copies them to CPU and hands them to the server through Ray.
+Registration happens in every verl process through ``bridges.adapters.verl.plugin``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from bridges.errors import require_extra
+from bridges.types import SamplingParams
+
+if TYPE_CHECKING:
+    from verl.workers.rollout.base import BaseRollout
+    from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+else:
+    _base = require_extra("verl.workers.rollout.base", "verl", "verl's hf rollout")
+    _replica = require_extra("verl.workers.rollout.replica", "verl", "verl's hf rollout")
+    BaseRollout, RolloutReplica, TokenOutput = (
+        _base.BaseRollout,
+        _replica.RolloutReplica,
+        _replica.TokenOutput,
+    )
+
+NAME = "hf"
+
+
+def server_name(replica_rank: int) -> str:
+    return f"bridges_hf_rollout_server_{replica_rank}"
+
+
+def to_sampling_params(raw: dict[str, Any], response_length: int) -> SamplingParams:
+    """verl's per-request sampling dict -> ours; verl omits ``max_tokens`` when the loop does not cap a
+    turn, and then the rollout's response length is the cap."""
+    top_k = int(raw.get("top_k", -1) or -1)
+    return SamplingParams(
+        max_tokens=int(raw.get("max_tokens") or response_length),
+        temperature=float(raw.get("temperature", 1.0)),
+        top_p=float(raw.get("top_p", 1.0)),
+        top_k=max(0, top_k),
+        stop=list(raw.get("stop") or []),
+        stop_token_ids=list(raw.get("stop_token_ids") or []),
+        seed=raw.get("seed"),
+    )
+
+
+class HFRolloutServer:
+    """One replica's server (a Ray actor): a transformers engine over the model, new weights each step."""
+
+    def __init__(self, model_path: str, response_length: int) -> None:
+        from bridges.adapters.hf import HFEngine
+
+        self.engine = HFEngine.from_pretrained(model_path)
+        self.response_length = response_length
+        self.global_steps = 0
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **_: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None:
+            raise ValueError("the hf rollout serves text models; this request carries images or video.")
+        params = to_sampling_params(sampling_params, self.response_length)
+        sample = (await self.engine.generate(list(prompt_ids), params))[0]
+        return TokenOutput(token_ids=sample.token_ids, log_probs=sample.logprobs, stop_reason="completed",
+                           extra_fields={"global_steps": self.global_steps})  # fmt: skip
+
+    async def update_weights(self, tensors: dict[str, Any], global_steps: int | None = None) -> int:
+        await self.engine.aupdate_weights(tensors)
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return self.engine.weight_version
+
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    # lifecycle calls verl makes around generation and weight syncs: nothing to page in or out here
+    async def wake_up(self, tags: list[str] | None = None) -> None: ...
+    async def sleep(self) -> None: ...
+    async def clear_kv_cache(self) -> None: ...
+    async def release_kv_cache(self) -> None: ...
+    async def resume_kv_cache(self) -> None: ...
+    async def resume_generation(self) -> None: ...
+    async def start_profile(self, **_: Any) -> None: ...
+    async def stop_profile(self) -> None: ...
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        return {}
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+
+class HFReplica(RolloutReplica):
+    """verl's ``RolloutReplica`` for ``rollout.name=hf``: one server actor, addressed by name."""
+
+    async def launch_servers(self) -> None:
+        import ray
+        from verl.plugin.platform import get_platform
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        name = server_name(self.replica_rank)
+        model = omega_conf_to_dataclass(
+            self.model_config, dataclass_type=HFModelConfig
+        )  # a local copy of the path
+        env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}  # see the GPUs, if any
+        server: Any = (
+            ray.remote(HFRolloutServer)
+            .options(name=name, max_concurrency=self.max_concurrency, runtime_env={"env_vars": env_vars}, num_cpus=0)
+            .remote(model_path=str(model.local_path), response_length=int(self.config.response_length))
+        )  # fmt: skip
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name  # token-in/token-out needs no HTTP; the load balancer keys on it
+
+
+class HFServerAdapter(BaseRollout):
+    """The trainer side of ``rollout.name=hf`` (built by verl inside each actor/rollout worker)."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        world *= self.config.pipeline_model_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.leader = rank % world == 0  # one rank per replica sends the weights
+        self._server: Any = None
+
+    async def resume(self, tags: list[str]) -> None: ...
+
+    async def release(self) -> None: ...
+
+    async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise ValueError(f"the hf rollout takes full named tensors, not '{wire_format}' updates.")
+        if kwargs.get("peft_config") is not None:
+            raise ValueError(
+                "the hf rollout takes merged weights; set verl.actor_rollout_ref.model.lora.merge=true."
+            )
+        tensors = {}
+        for name, tensor in weights:  # consumed on every rank: the generator may gather collectively
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            tensors[name] = full.detach().to("cpu", copy=True)
+        if not self.leader:
+            return
+        if self._server is None:
+            import ray
+
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        await self._server.update_weights.remote(tensors, kwargs.get("global_steps"))
+
+
+def register() -> None:
+    """Make ``rollout.name=hf`` known to verl in this process (idempotent). Runs when this module is
+    imported: a Ray worker may import it first (to build the server actor), and then ``import verl``
+    loads the plugin while this module is still half-initialised."""
+    from verl.workers.rollout import base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(NAME, lambda: HFReplica)
+    base._ROLLOUT_REGISTRY[(NAME, "async")] = f"{__name__}.HFServerAdapter"
+
+
+register()
