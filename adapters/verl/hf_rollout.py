@@ -17,7 +17,7 @@ Registration happens in every verl process through ``bridges.adapters.verl.plugi
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bridges.errors import require_extra
 from bridges.types import SamplingParams
@@ -119,9 +119,8 @@ class HFReplica(RolloutReplica):
         from verl.workers.config import HFModelConfig
 
         name = server_name(self.replica_rank)
-        model = omega_conf_to_dataclass(
-            self.model_config, dataclass_type=HFModelConfig
-        )  # a local copy of the path
+        # verl types it HFModelConfig and hands over the DictConfig: resolved here (a local copy of the path)
+        model = omega_conf_to_dataclass(cast(Any, self.model_config), dataclass_type=HFModelConfig)
         env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}  # see the GPUs, if any
         server: Any = (
             ray.remote(HFRolloutServer)
