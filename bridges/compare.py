@@ -90,15 +90,15 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
             await engine.aclose()
     elif name == "verl":
         from bridges.adapters.verl.engine import VerlServerEngine
-        from bridges.adapters.verl.local_server import HFServerManager
+        from bridges.adapters.verl.hf_rollout import HFRolloutServer
 
-        manager = HFServerManager(model_path)
+        manager = HFRolloutServer(model_path)
         base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         verl_engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
-        yield EngineClient(verl_engine, model_name=config.model), "verl seam (hf stand-in)"
+        yield EngineClient(verl_engine, model_name=config.model), "verl hf rollout"
     else:
         client, label, close = await _tinker_client(config, model_path)
         try:

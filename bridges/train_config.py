@@ -70,6 +70,20 @@ class TrainerConfig:
     )
 
 
+def completion_budget(config: TrainConfig, env: Any) -> int:
+    """Tokens a rollout may sample in all, for trainers that size their buffers by it (TRL's
+    ``max_completion_length``, verl's ``max_response_length``): the sampling cap, else a single-turn
+    environment's own cap, else ``trainer.max_completion_length``."""
+    from bridges.envs.singleturn import SingleTurnEnv
+
+    if config.sampling.max_tokens is not None:
+        return int(config.sampling.max_tokens)
+    env_cap = (env.sampling_args or {}).get("max_tokens")
+    if env_cap is not None and isinstance(env, SingleTurnEnv):
+        return int(env_cap)
+    return int(config.trainer.max_completion_length)
+
+
 def rollout_sampling_args(config: TrainConfig, env_defaults: dict[str, Any] | None) -> dict[str, Any]:
     """The sampling arguments of training rollouts: the environment's defaults, then the shared keys."""
     args: dict[str, Any] = {**(env_defaults or {})}

@@ -32,23 +32,24 @@ class TraceWriter:
 
     def write_group(self, group: Group, **extra: Any) -> int:
         """Append one line per episode of ``group``; returns the number of lines written."""
-        from bridges.results import state_to_record
-
         for index, state in enumerate(group.states):
-            record = state_to_record(state)
-            record["advantage"] = group.advantages[index] if index < len(group.advantages) else 0.0
-            versions = [t.weight_version for t in state.turns if t.weight_version is not None]
-            line = {
-                **record,
-                "provenance": {
-                    **self.provenance,
-                    "weight_version": min(versions) if versions else None,
-                    **extra,
-                },
-            }
-            self._file.write(json.dumps(line) + "\n")
+            self._write(state, group.advantages[index] if index < len(group.advantages) else 0.0, extra)
         self._file.flush()
         return len(group.states)
+
+    def write_state(self, state: Any, advantage: float | None = None, **extra: Any) -> None:
+        """One rollout scored on its own (verl computes advantages after the rollout: ``None`` here)."""
+        self._write(state, advantage, extra)
+        self._file.flush()
+
+    def _write(self, state: Any, advantage: float | None, extra: dict[str, Any]) -> None:
+        from bridges.results import state_to_record
+
+        record = state_to_record(state)
+        record["advantage"] = advantage
+        versions = [t.weight_version for t in state.turns if t.weight_version is not None]
+        provenance = {**self.provenance, "weight_version": min(versions) if versions else None, **extra}
+        self._file.write(json.dumps({**record, "provenance": provenance}) + "\n")
 
     def close(self) -> None:
         self._file.close()

@@ -20,7 +20,7 @@ from typing import Any
 from bridges.backends import Backend
 from bridges.config import check_passthrough
 from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig, lora_config, shared_keys
+from bridges.train_config import TrainConfig, completion_budget, lora_config, shared_keys
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
 TRL_METRIC_NAMES = {
@@ -35,18 +35,6 @@ TRL_METRIC_NAMES = {
 HONOURED_KEYS = shared_keys() - {
     "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
 }  # fmt: skip
-
-
-def completion_budget(config: TrainConfig, env: Any) -> int:
-    """TRL's ``max_completion_length``: the sampling cap, else a single-turn env's own cap, else the trainer's."""
-    from bridges.adapters.trl import needs_rollout_func
-
-    if config.sampling.max_tokens is not None:
-        return int(config.sampling.max_tokens)
-    env_cap = (env.sampling_args or {}).get("max_tokens")
-    if env_cap is not None and not needs_rollout_func(env):
-        return int(env_cap)
-    return int(config.trainer.max_completion_length)
 
 
 def parse_options(section: dict[str, Any]) -> dict[str, Any]:

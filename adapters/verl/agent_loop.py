@@ -71,11 +71,18 @@ class BridgesAgentLoop(AgentLoopBase):
         env_id: str,
         env_args: dict[str, Any] | None = None,
         model_name: str = "policy",
+        run_dir: str | None = None,
+        provenance: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # verl also passes tools=..., which the base class accepts
         self.env = cached_environment(env_id, _plain(env_args))
         self.model_name = model_name
+        self.traces = None
+        if run_dir is not None:  # the launcher's runs: every rollout's trace in the run folder
+            from bridges.adapters.verl.run_files import trace_writer
+
+            self.traces = trace_writer(run_dir, _plain(provenance) or {})
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -99,6 +106,9 @@ class BridgesAgentLoop(AgentLoopBase):
                 state.stop_reason, state.error = BUDGET_EXHAUSTED, None
             scoring = time.perf_counter()
             await self.env.score([state])
+            if self.traces is not None:
+                versions = [t.weight_version for t in state.turns if t.weight_version is not None]
+                self.traces.write_state(state, step=min(versions) + 1 if versions else None)
             return self._output(state, client, started, time.perf_counter() - scoring)
         except Exception as exc:  # a bug below the environment's own error handling: still a sample
             return self._failed(kwargs, client, describe_exception(exc), started)

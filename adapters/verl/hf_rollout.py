@@ -57,14 +57,27 @@ def to_sampling_params(raw: dict[str, Any], response_length: int) -> SamplingPar
 
 
 class HFRolloutServer:
-    """One replica's server (a Ray actor): a transformers engine over the model, new weights each step."""
+    """One replica's server (a Ray actor): a transformers engine over the model, new weights each step.
 
-    def __init__(self, model_path: str, response_length: int) -> None:
-        from bridges.adapters.hf import HFEngine
+    Also usable in-process wherever verl's server client is expected (``bridges.compare``, tests); the
+    engine is created on first use, so an instance pickles into verl's Ray workers."""
 
-        self.engine = HFEngine.from_pretrained(model_path)
+    def __init__(self, model_path: str, response_length: int = 1 << 30) -> None:
+        self.model_path = model_path
         self.response_length = response_length
         self.global_steps = 0
+        self._engine: Any = None
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from bridges.adapters.hf import HFEngine
+
+            self._engine = HFEngine.from_pretrained(self.model_path)
+        return self._engine
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_engine": None}  # a copy in another process loads its own
 
     async def generate(
         self,

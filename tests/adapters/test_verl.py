@@ -2,10 +2,10 @@
 
 Real: verl's hydra config composed from the overrides ``backend=verl`` builds, our parquet read by
 verl's ``RLHFDataset``, our loop instantiated by verl from the YAML we write, verl's padding, masks
-and ``rm_scores``. Stood in for: only verl's GPU rollout server, by ``adapters.verl.local_server``,
-which answers verl's own ``generate(request_id, prompt_ids=..., sampling_params=...)`` seam with the
-tiny model through ``adapters.hf`` and records what it sampled, so the test can check that the ids
-verl trains on are exactly those.
+and ``rm_scores``. The rollout server is our ``hf`` rollout's own (``HFRolloutServer``, which answers
+verl's ``generate(request_id, prompt_ids=..., sampling_params=...)`` with the tiny model), recording
+what it sampled so the test can check that the ids verl trains on are exactly those. verl's whole
+trainer runs in ``test_verl_main_ppo.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recording_server import RecordingServer as HFServerClient
 from verl_harness import N, batch_of, compose, rows_of, run_worker
-
-from bridges.adapters.verl.local_server import HFServerManager as HFServerClient
 
 HERE = Path(__file__).parent
 
@@ -164,17 +163,22 @@ def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    command = shlex.split(result.stdout.strip().splitlines()[-1])
+    words = shlex.split(result.stdout.strip().splitlines()[-1])
+    env = dict(w.split("=", 1) for w in words[: words.index("-m") - 1])
+    command = words[len(env) :]
     assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert env["VERL_USE_EXTERNAL_MODULES"].split(",")[-1] == "bridges.adapters.verl.plugin"
     keys = dict(arg.split("=", 1) for arg in command[3:])
-    assert keys["algorithm.adv_estimator"] == "grpo" and keys["actor_rollout_ref.rollout.name"] == "vllm"
+    assert (
+        keys["algorithm.adv_estimator"] == "grpo" and keys["actor_rollout_ref.rollout.name"] == "hf"
+    )  # no GPU
     assert keys["actor_rollout_ref.rollout.n"] == "16" and keys["actor_rollout_ref.rollout.mode"] == "async"
     run_dir = tmp_path / "verl-arithmetic" / "verl"
     assert keys["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(run_dir / "agent_loops.yaml")
-    registration = json.loads((run_dir / "agent_loops.yaml").read_text())
-    assert registration == [
-        {"name": "bridges_arithmetic", "_target_": "bridges.adapters.verl.agent_loop.BridgesAgentLoop", "env_id": "arithmetic", "env_args": {}}
-    ]  # fmt: skip
+    (registration,) = json.loads((run_dir / "agent_loops.yaml").read_text())
+    assert registration["name"] == "bridges_arithmetic" and registration["env_id"] == "arithmetic"
+    assert registration["_target_"] == "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
+    assert registration["run_dir"] == str(run_dir.parent) and registration["provenance"]["backend"] == "verl"
     import pandas as pd
 
     frame = pd.read_parquet(run_dir / "train.parquet")

@@ -2,7 +2,7 @@
 
 hf (transformers), vLLM (``VLLMEngine`` with its real request and output conversion, over a stand-in
 for the GPU-only ``AsyncLLM``: ``tests/support/vllm_standin.py``), verl's server seam
-(``VerlServerEngine`` over the hf stand-in server manager), Tinker (``TinkerEngine`` over the local
+(``VerlServerEngine`` over our ``hf`` rollout server), Tinker (``TinkerEngine`` over the local
 Tinker-compatible server, through the real SDK) and the fault-injecting test engine with no fault
 planned. What every backend's trainer relies on: the
 protocol's members, ``n`` samples of at most ``max_tokens`` ids with exactly one finite, non-positive
@@ -67,10 +67,10 @@ async def engine(
         built = FaultyEngine(load_engine("hf", str(tiny_path)))
     elif kind == "verl":
         from bridges.adapters.verl.engine import VerlServerEngine
-        from bridges.adapters.verl.local_server import HFServerManager
+        from bridges.adapters.verl.hf_rollout import HFRolloutServer
 
         base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
-        built = VerlServerEngine(HFServerManager(str(tiny_path)), tiny_tokenizer, base_sampling_params=base,
+        built = VerlServerEngine(HFRolloutServer(str(tiny_path)), tiny_tokenizer, base_sampling_params=base,
                                  response_length=1 << 30)  # fmt: skip
     else:
         import tinker
@@ -125,10 +125,10 @@ async def test_max_tokens_bounds_every_sample(engine: Any):
 async def test_greedy_sampling_is_repeatable(engine: Any, tiny_path: Path, tiny_tokenizer: Any):
     if engine.name == "verl":  # verl's rollout config owns the sampling parameters: greedy is set there
         from bridges.adapters.verl.engine import VerlServerEngine
-        from bridges.adapters.verl.local_server import HFServerManager
+        from bridges.adapters.verl.hf_rollout import HFRolloutServer
 
         greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
-        engine = VerlServerEngine(HFServerManager(str(tiny_path)), tiny_tokenizer, base_sampling_params=greedy,
+        engine = VerlServerEngine(HFRolloutServer(str(tiny_path)), tiny_tokenizer, base_sampling_params=greedy,
                                   response_length=1 << 30)  # fmt: skip
     params = SamplingParams(max_tokens=6, temperature=0.0)
     first = await engine.generate(prompt(engine.tokenizer), params)

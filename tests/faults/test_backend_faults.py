@@ -101,11 +101,11 @@ def test_verl_worker_returns_masked_samples_for_faulty_rollouts(
 ):
     from verl_harness import batch_of, compose, rows_of, run_worker
 
-    from bridges.adapters.verl.local_server import HFServerManager
+    from bridges.adapters.verl.hf_rollout import HFRolloutServer
 
     cfg, files = compose(tmp_path, tiny_path, "", MIXED, "sampling.max_tokens=64", env="bridges_fault_env")
     rows = rows_of(
-        run_worker(cfg, batch_of(cfg, files, tiny_tokenizer, rows=4), HFServerManager(str(tiny_path))), cfg
+        run_worker(cfg, batch_of(cfg, files, tiny_tokenizer, rows=4), HFRolloutServer(str(tiny_path))), cfg
     )
     assert len(rows) == 8
     reasons = sorted(row["stop"] for row in rows)

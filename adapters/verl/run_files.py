@@ -1,0 +1,112 @@
+"""What a ``backend=verl`` run leaves in its folder, like every other backend: ``metrics.jsonl`` under
+the shared names, ``traces.jsonl`` and the reward curve.
+
+verl's trainer runs in its own processes, so the pieces come from two places: our agent loop writes
+each rollout's trace line as it finishes (``trace_writer``; its step is the weight version the rollout
+sampled from + 1, which is verl's global step), and verl's own file logger writes its native metric
+rows (``NATIVE_METRICS``). ``fold_metrics`` joins them after the run: the optimisation figures from
+verl under our names, the reward figures from the traces with the rule every backend uses (mean and
+std over valid rollouts, masked = not trainable). A resumed run first cuts both files back to the
+checkpoint it resumes from (``cut_back``), so the steps run again appear once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bridges.workflows.traces import TraceWriter, read_traces
+
+NATIVE_METRICS = "verl/native_metrics.jsonl"
+# verl's metric names -> the shared ones (bridges.metrics.SHARED_METRICS); rewards come from the traces
+VERL_METRIC_NAMES = {
+    "actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/lr": "lr",
+    "response_length/mean": "tokens/completion_mean", "timing_s/step": "timing/step_s",
+}  # fmt: skip
+_WRITERS: dict[str, TraceWriter] = {}
+
+
+def trace_writer(run_dir: str, provenance: dict[str, Any]) -> TraceWriter:
+    """One appending writer per run per process (verl builds an agent loop per trajectory)."""
+    if run_dir not in _WRITERS:
+        _WRITERS[run_dir] = TraceWriter(Path(run_dir) / "traces.jsonl", provenance)
+    return _WRITERS[run_dir]
+
+
+def latest_checkpoint_step(checkpoints: Path) -> int:
+    """The step verl's ``resume_mode=auto`` continues from (0: none)."""
+    marker = checkpoints / "latest_checkpointed_iteration.txt"
+    try:
+        return int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def cut_back(run_dir: Path, resume: bool) -> int:
+    """Before a launch: the traces (and, on a fresh start, everything) of steps after the checkpoint
+    verl will resume from are dropped. Returns that step."""
+    step = latest_checkpoint_step(run_dir / "checkpoints") if resume else 0
+    TraceWriter(run_dir / "traces.jsonl", {}, resume_step=step).close()
+    native = run_dir / NATIVE_METRICS
+    native.unlink(missing_ok=True)  # verl truncates it on open anyway; folded rows live in metrics.jsonl
+    return step
+
+
+def _trainable(line: dict[str, Any]) -> bool:
+    """``bridges.types.is_trainable`` for a trace line: the one rule every backend applies."""
+    from bridges.types import is_trainable
+
+    tokens = any(turn.get("completion_ids") for turn in line.get("turns") or [])
+    return is_trainable(line.get("error"), line.get("stop_reason"), line.get("reward"), tokens)
+
+
+def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    path = run_dir / "traces.jsonl"
+    if path.exists():
+        for line in read_traces(path):
+            step = (line.get("provenance") or {}).get("step")
+            if isinstance(step, int):
+                by_step[step].append(line)
+    rows = {}
+    for step, lines in by_step.items():
+        valid = [x for x in lines if _trainable(x)]
+        rewards = [float(x["reward"]) for x in valid]
+        mean = sum(rewards) / len(rewards) if rewards else None
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if mean is not None else None
+        masked = len(lines) - len(valid)
+        rows[step] = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
+                      "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}  # fmt: skip
+    return rows
+
+
+def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
+    """``metrics.jsonl``: the rows up to ``resume_step`` kept, then one row per step verl logged in
+    this launch (its native names mapped, the reward figures from the traces). Returns every row."""
+    from bridges.metrics import renamed
+
+    path = run_dir / "metrics.jsonl"
+    kept = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    rows = [r for r in kept if r.get("step", 0) <= resume_step]
+    rewards = _reward_rows(run_dir)
+    native = run_dir / NATIVE_METRICS
+    for line in native.read_text().splitlines() if native.exists() else []:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill: that step is run again on resume
+            continue
+        step = int(entry.get("step", 0))
+        if step > resume_step and isinstance(entry.get("data"), dict):
+            data = {k: v for k, v in renamed(entry["data"], VERL_METRIC_NAMES).items() if _plain(v)}
+            rows.append({"step": step, **data, **rewards.get(step, {})})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, int | float | str | bool) and not (
+        isinstance(value, float) and not math.isfinite(value)
+    )
