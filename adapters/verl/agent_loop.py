@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from bridges.adapters.verl.dataset import row_from_kwargs
 from bridges.adapters.verl.engine import VerlServerEngine
+from bridges.adapters.verl.group_scoring import score_in_group
 from bridges.asyncutils import describe_exception
 from bridges.envs.base import Environment
 from bridges.errors import require_extra
-from bridges.types import StopReason
+from bridges.types import State, StopReason
 from bridges.workflows.samples import prompt_completion
 
 if TYPE_CHECKING:
@@ -86,6 +87,11 @@ class BridgesAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
+    def group_size(self, split: str | None) -> int:
+        """Rollouts per prompt: ``rollout.n`` in training, ``val_kwargs.n`` in verl's validation."""
+        n = self.rollout_config.val_kwargs.n if split == "eval" else self.rollout_config.n
+        return int(n)
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         from bridges.client import EngineClient
 
@@ -97,20 +103,27 @@ class BridgesAgentLoop(AgentLoopBase):
             response_length=self.response_length,
         )
         client = EngineClient(engine, model_name=self.model_name)
+        split = (kwargs.get("extra_info") or {}).get("split")  # verl's validation runs us too
+        failure = None
         try:
-            row = row_from_kwargs(kwargs)
-            state = await self.env.rollout(row, client, self.model_name)
+            state = await self.env.rollout(row_from_kwargs(kwargs), client, self.model_name)
             if state.stop_reason == StopReason.PROMPT_TOO_LONG.value and state.turns:
                 # the client refused the next turn because the response budget is spent: a truncated
                 # trajectory, trained on like any other (the prompt itself fit, or there would be no turn)
                 state.stop_reason, state.error = BUDGET_EXHAUSTED, None
-            scoring = time.perf_counter()
-            await self.env.score([state])
-            if self.traces is not None:
-                versions = [t.weight_version for t in state.turns if t.weight_version is not None]
-                self.traces.write_state(state, step=min(versions) + 1 if versions else None)
-            return self._output(state, client, started, time.perf_counter() - scoring)
         except Exception as exc:  # a bug below the environment's own error handling: still a sample
+            failure = describe_exception(exc)
+            state = State(error=failure, stop_reason=StopReason.ENV_ERROR.value)  # joins its group, masked
+        scoring = time.perf_counter()
+        try:
+            await score_in_group(self.env, state, kwargs.get("uid"), self.group_size(split))
+            if failure is not None:
+                return self._failed(kwargs, client, failure, started)
+            if self.traces is not None:  # step: verl's global step, one past the weights it sampled from
+                versions = [t.weight_version for t in state.turns if t.weight_version is not None]
+                self.traces.write_state(state, step=min(versions) + 1 if versions else None, split=split)
+            return self._output(state, client, started, time.perf_counter() - scoring)
+        except Exception as exc:
             return self._failed(kwargs, client, describe_exception(exc), started)
 
     def _output(self, state: Any, client: Any, started: float, score_s: float) -> AgentLoopOutput:

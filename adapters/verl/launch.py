@@ -263,9 +263,9 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, 
 
 
 @functools.cache
-def verl_config_keys() -> dict[str, Any]:
-    """Every key of verl's PPO trainer config (dotted) -> the type of its default, read from the YAML
-    verl ships; empty when verl is not installed (``dry_run`` works without the extra)."""
+def verl_defaults() -> dict[str, Any]:
+    """verl's PPO trainer config, flattened to dotted keys, from the YAML verl ships; empty when verl is
+    not installed (``dry_run`` works without the extra)."""
     import importlib.util
 
     import yaml
@@ -274,9 +274,14 @@ def verl_config_keys() -> dict[str, Any]:
     if spec is None or spec.origin is None:
         return {}
     path = Path(spec.origin).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
-    kinds = {bool: bool, int: float, float: float}  # a YAML default of 0 may hold 0.2: numbers are numbers
-    tree = yaml.safe_load(path.read_text())
-    return {key: kinds.get(type(value), Any) for key, value in flatten(tree).items()}
+    return flatten(yaml.safe_load(path.read_text()))
+
+
+def verl_config_keys() -> dict[str, Any]:
+    """Every key of verl's config -> the type its value is checked against (numbers are numbers: a
+    YAML default of 0 may hold 0.2; strings, lists and null defaults are left to verl)."""
+    kinds = {bool: bool, int: float, float: float}
+    return {key: kinds.get(type(value), Any) for key, value in verl_defaults().items()}
 
 
 def parse_options(section: dict[str, Any]) -> dict[str, Any]:
@@ -299,7 +304,17 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     from bridges.preflight import check_model
 
     check_model(config.model)
-    if config.engine == "vllm" and visible_gpus(config) == 0:
+    gpus = visible_gpus(config)
+    workers_key = "actor_rollout_ref.rollout.agent.num_workers"
+    workers = flatten(config.verl).get(workers_key, placement_overrides(config, gpus).get(workers_key))
+    workers = int(workers or verl_defaults().get(workers_key) or 1)
+    if config.trainer.batch_size % workers:
+        raise ConfigError(
+            f"trainer.batch_size={config.trainer.batch_size} is not a multiple of verl's {workers} agent-loop "
+            f"workers ({workers_key}), so a group's rollouts could land in two workers and not be scored "
+            "together; change either."
+        )
+    if config.engine == "vllm" and gpus == 0:
         raise ConfigError(
             "engine=vllm needs a GPU and none is visible; use engine=hf (or auto) for verl on a CPU."
         )

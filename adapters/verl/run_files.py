@@ -3,7 +3,7 @@ the shared names, ``traces.jsonl`` and the reward curve.
 
 verl's trainer runs in its own processes, so the pieces come from two places: our agent loop writes
 each rollout's trace line as it finishes (``trace_writer``; its step is the weight version the rollout
-sampled from + 1, which is verl's global step), and verl's own file logger writes its native metric
+sampled from + 1, which is verl's global step; validation rollouts are marked ``split: eval``), and verl's own file logger writes its native metric
 rows (``NATIVE_METRICS``). ``fold_metrics`` joins them after the run: the optimisation figures from
 verl under our names, the reward figures from the traces with the rule every backend uses (mean and
 std over valid rollouts, masked = not trainable). A resumed run first cuts both files back to the
@@ -68,9 +68,11 @@ def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
     path = run_dir / "traces.jsonl"
     if path.exists():
         for line in read_traces(path):
-            step = (line.get("provenance") or {}).get("step")
-            if isinstance(step, int):
-                by_step[step].append(line)
+            provenance = line.get("provenance") or {}
+            if (
+                isinstance(provenance.get("step"), int) and provenance.get("split") != "eval"
+            ):  # not validation
+                by_step[provenance["step"]].append(line)
     rows = {}
     for step, lines in by_step.items():
         valid = [x for x in lines if _trainable(x)]

@@ -52,10 +52,17 @@ def assert_trained_ids_are_the_sampled_ids(rows: list[dict[str, Any]], client: H
 
 
 def test_single_turn_env_through_the_real_worker(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any):
+    import bridges_test_trl_envs as envs
+
     cfg, files = compose(tmp_path, tiny_path, "single")
     client = HFServerClient(str(tiny_path))
+    envs.GROUP_CALLS.clear()
     rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
     assert len(rows) == 2 * N
+    # each trajectory ran in its own loop, yet the group reward function saw each whole group, once
+    assert sorted(envs.GROUP_CALLS) == [[0] * N, [1] * N]
+    for first in range(0, 2 * N, N):
+        assert max(row["metrics"]["group_rank"] for row in rows[first : first + N]) == 1.0
     assert_trained_ids_are_the_sampled_ids(rows, client)
     for row in rows:
         assert row["valid"] and row["stop"] == "completed" and all(row["mask"])

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bridges.adapters.verl.launch import prepare
 from bridges.config import parse_config
 from bridges.train_config import TrainConfig
@@ -48,6 +50,7 @@ def batch_of(cfg: Any, files: dict[str, Path], tokenizer: Any, rows: int = 2) ->
 
     dataset = RLHFDataset(data_files=[str(files["train"])], tokenizer=tokenizer, config=cfg.data)
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(rows)]))
+    batch.non_tensor_batch["uid"] = np.array([f"group-{i}" for i in range(rows)], dtype=object)
     return batch.repeat(repeat_times=N, interleave=True)  # what verl's trainer does before generation
 
 
