@@ -164,19 +164,27 @@ async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_pat
     )
 
 
-def read_curves(runs: list[str]) -> dict[str, list[tuple[int, float]]]:
-    curves = {}
+def read_curves(runs: list[str]) -> tuple[dict[str, list[tuple[int, float]]], str]:
+    """Each run's reward curve, against samples seen (cumulative ``episodes/total``) when every run logs
+    it, so runs with different batch shapes line up, else against steps. Returns the curves and the axis."""
+    tables = {}
     for run in runs:
         path = Path(run) / "metrics.jsonl"
         if not path.exists():
             raise ConfigError(
                 f"runs: '{run}' has no metrics.jsonl; point at a finished training run's folder."
             )
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        curves[Path(run).name] = [
-            (r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None
-        ]
-    return curves
+        tables[Path(run).name] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    by_samples = all(r.get("episodes/total") is not None for rows in tables.values() for r in rows)
+    curves = {}
+    for name, rows in tables.items():
+        seen, points = 0, []
+        for r in rows:
+            seen += int(r.get("episodes/total") or 0)
+            if r.get("reward/mean") is not None:
+                points.append((seen if by_samples else r["step"], r["reward/mean"]))
+        curves[name] = points
+    return curves, "samples seen" if by_samples else "step"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     check(config)
     output = Path(config.output)
     output.mkdir(parents=True, exist_ok=True)
-    curves = read_curves(config.runs)
+    curves, axis = read_curves(config.runs)
     results: list[BackendResult] = []
     if config.backends:
         env = load_environment(config.env, **config.env_args)
@@ -210,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p['a']} vs {p['b']}: difference {p['diff']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] -> {p['verdict']}"
             )
     if curves:
-        images.append(plot_curves(curves, output / "curves.png").name)
-        sections["Training runs"] = [["run", "steps", "first reward", "last reward"]] + [
+        images.append(plot_curves(curves, output / "curves.png", axis).name)
+        sections["Training runs"] = [["run", "points", "first reward", "last reward"]] + [
             [name, str(len(points)), f"{points[0][1]:.4f}", f"{points[-1][1]:.4f}"]
             for name, points in curves.items()
             if points

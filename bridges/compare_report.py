@@ -104,12 +104,12 @@ def plot_distributions(results: list[BackendResult], path: Path, title: str) -> 
     return path
 
 
-def plot_curves(runs: dict[str, list[tuple[int, float]]], path: Path) -> Path:
+def plot_curves(runs: dict[str, list[tuple[int, float]]], path: Path, axis: str = "step") -> Path:
     with saved_figure(path, FIGURE_SIZE) as ax:
         for name, points in runs.items():
-            steps, rewards = zip(*points, strict=True) if points else ((), ())
-            ax.plot(steps, rewards, label=name)
-        ax.set_xlabel("step")
+            xs, rewards = zip(*points, strict=True) if points else ((), ())
+            ax.plot(xs, rewards, label=name)
+        ax.set_xlabel(axis)
         ax.set_ylabel("mean reward")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")

@@ -104,8 +104,9 @@ def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def metrics_callback(logger: Any) -> Any:
-    """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens."""
+def metrics_callback(logger: Any, rollouts_per_step: int) -> Any:
+    """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens
+    (with ``episodes/total``, the rollouts of the step, which TRL does not log)."""
     from transformers import TrainerCallback
 
     from bridges.metrics import renamed
@@ -113,7 +114,8 @@ def metrics_callback(logger: Any) -> Any:
     class MetricsFile(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
             if logs and "reward" in logs:
-                logger.log(renamed({"step": state.global_step, **logs}, TRL_METRIC_NAMES))
+                row = {"step": state.global_step, "episodes/total": rollouts_per_step, **logs}
+                logger.log(renamed(row, TRL_METRIC_NAMES))
 
     return MetricsFile()
 
@@ -165,7 +167,7 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         args=args,
         processing_class=tokenizer,
         peft_config=lora_config(t),
-        callbacks=[metrics_callback(logger)],
+        callbacks=[metrics_callback(logger, t.batch_size * t.group_size)],
         **trl_trainer_kwargs(env, num_generations=t.group_size),
     )
     try:

@@ -84,6 +84,22 @@ def test_finished_runs_add_their_reward_curves(tmp_path: Path):
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
 
 
+def test_curves_are_drawn_against_samples_seen_when_every_run_logs_them(tmp_path: Path):
+    from bridges.compare import read_curves
+
+    for name, per_step in (("small", 4), ("large", 16)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": i + 1, "reward/mean": 0.1 * i, "episodes/total": per_step} for i in range(3)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curves, axis = read_curves([str(tmp_path / "small"), str(tmp_path / "large")])
+    assert axis == "samples seen"
+    assert [x for x, _ in curves["small"]] == [4, 8, 12] and [x for x, _ in curves["large"]] == [16, 32, 48]
+    (tmp_path / "small" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    curves, axis = read_curves([str(tmp_path / "small"), str(tmp_path / "large")])
+    assert axis == "step" and curves["small"] == [(1, 0.5)] and [x for x, _ in curves["large"]] == [1, 2, 3]
+
+
 def test_bad_input_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     for argv, message in [
         (["backends=[grpo,mlx]"], "unknown backend 'mlx' in backends"),
