@@ -210,7 +210,8 @@ def overrides(
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(files["agent_loops"]),
         "actor_rollout_ref.rollout.agent.default_agent_loop": agent_name(config),
         "trainer.total_training_steps": t.max_steps,
-        "trainer.save_freq": config.save_every if config.save_every > 0 else -1,
+        "trainer.save_freq": config.save_every if config.save_every > 0 else t.max_steps,  # 0: at the end
+        "trainer.max_actor_ckpt_to_keep": config.keep_checkpoints or None,  # 0: keep all
         "trainer.default_local_dir": str(files["run_dir"] / "checkpoints"),
         "trainer.resume_mode": "auto" if config.resume else "disable",
         "trainer.project_name": "rl-bridges",
