@@ -33,7 +33,7 @@ class SamplingConfig:
 @dataclass
 class TrainerConfig:
     # schedule
-    max_steps: int = option(300, ge=1, help="optimizer steps")
+    max_steps: int = option(250, ge=1, help="optimizer steps")
     batch_size: int = option(16, ge=1, help="prompts (groups) per optimizer step")
     group_size: int = option(16, ge=2, help="rollouts per prompt (group-relative advantages need at least 2)")
     # optimisation (defaults tuned for the embedded tiny model; real checkpoints want ~1e-6 full, ~1e-5 LoRA)
