@@ -49,9 +49,18 @@ def cut_back(run_dir: Path, resume: bool) -> int:
     """Before a launch: the traces (and, on a fresh start, everything) of steps after the checkpoint
     verl will resume from are dropped. Returns that step."""
     step = latest_checkpoint_step(run_dir / "checkpoints") if resume else 0
-    TraceWriter(run_dir / "traces.jsonl", {}, resume_step=step).close()
     native = run_dir / NATIVE_METRICS
+    if resume and native.exists():  # a launch killed before its rows were folded: fold them now
+        path = run_dir / "metrics.jsonl"
+        done = (
+            [json.loads(x).get("step", 0) for x in path.read_text().splitlines() if x.strip()]
+            if path.exists()
+            else []
+        )
+        fold_metrics(run_dir, max(done, default=0))
     native.unlink(missing_ok=True)  # verl truncates it on open anyway; folded rows live in metrics.jsonl
+    fold_metrics(run_dir, step)  # then drop the rows of the steps verl will run again
+    TraceWriter(run_dir / "traces.jsonl", {}, resume_step=step).close()
     return step
 
 

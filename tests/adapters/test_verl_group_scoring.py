@@ -68,3 +68,22 @@ def test_the_launcher_refuses_a_batch_its_workers_would_split(tmp_path: Any):
         ConfigError, match="trainer.batch_size=3 is not a multiple of verl's 2 agent-loop workers"
     ):
         BACKEND.validate(config, BACKEND.parse_options(dict(config.verl)))
+
+
+def test_a_killed_launch_keeps_its_folded_steps_and_drops_those_verl_runs_again(tmp_path: Any):
+    """kill -9 after step 3 with a checkpoint at step 2: the resumed run's files hold steps 1-2 once."""
+    import json
+
+    from bridges.adapters.verl.run_files import NATIVE_METRICS, cut_back
+
+    (tmp_path / "verl").mkdir()
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    native = [{"step": s, "data": {"actor/pg_loss": 0.1 * s, "actor/lr": 1e-3}} for s in (1, 2, 3)]
+    (tmp_path / NATIVE_METRICS).write_text("".join(json.dumps(r) + "\n" for r in native) + '{"step": 4, "da')
+    trace = {"reward": 1.0, "turns": [{"completion_ids": [5]}], "provenance": {"step": 3, "split": "train"}}
+    (tmp_path / "traces.jsonl").write_text(json.dumps(trace) + "\n")
+    assert cut_back(tmp_path, resume=True) == 2
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.1), (2, 0.2)]  # the cut line 4 is dropped too
+    assert (tmp_path / "traces.jsonl").read_text() == "" and not (tmp_path / NATIVE_METRICS).exists()
