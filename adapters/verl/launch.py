@@ -308,7 +308,9 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     gpus = visible_gpus(config)
     workers_key = "actor_rollout_ref.rollout.agent.num_workers"
     workers = flatten(config.verl).get(workers_key, placement_overrides(config, gpus).get(workers_key))
-    workers = int(workers or verl_defaults().get(workers_key) or 1)
+    workers = int(verl_defaults().get(workers_key) or 1) if workers is None else workers
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"verl.{workers_key} must be a whole number of at least 1, got {workers!r}.")
     if config.trainer.batch_size % workers:
         raise ConfigError(
             f"trainer.batch_size={config.trainer.batch_size} is not a multiple of verl's {workers} agent-loop "
