@@ -55,18 +55,24 @@ async def test_no_uid_or_a_group_of_one_scores_at_once(uid: Any, size: int):
     assert env.groups == [1] and state.reward == 0.0
 
 
-def test_the_launcher_refuses_a_batch_its_workers_would_split(tmp_path: Any):
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["trainer.batch_size=3", "verl.actor_rollout_ref.rollout.agent.num_workers=2"],
+         "trainer.batch_size=3 is not a multiple of verl's 2 agent-loop workers"),
+        (["verl.actor_rollout_ref.rollout.agent.num_workers=0"], "num_workers must be a whole number of at least 1"),
+    ],
+)  # fmt: skip
+def test_the_launcher_refuses_worker_counts_that_would_split_a_group(
+    argv: list[str], message: str, tmp_path: Any
+):
     from bridges.adapters.verl.launch import BACKEND
     from bridges.config import parse_config
     from bridges.errors import ConfigError
     from bridges.train_config import TrainConfig
 
-    argv = ["backend=verl", "trainer.batch_size=3", "verl.actor_rollout_ref.rollout.agent.num_workers=2",
-            f"output_dir={tmp_path}"]  # fmt: skip
-    config = parse_config(TrainConfig, argv)
-    with pytest.raises(
-        ConfigError, match="trainer.batch_size=3 is not a multiple of verl's 2 agent-loop workers"
-    ):
+    config = parse_config(TrainConfig, ["backend=verl", *argv, f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=message):
         BACKEND.validate(config, BACKEND.parse_options(dict(config.verl)))
 
 
