@@ -165,6 +165,9 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
     from bridges.metrics import finish_run
 
     rows = fold_metrics(run_dir, resume_step)
+    if code != 0:
+        print(f"verl's trainer exited with code {code} (its output is above); the steps it finished are in "
+              f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)  # fmt: skip
     if code == 0:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/", "verl/"])  # fmt: skip
