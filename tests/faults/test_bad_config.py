@@ -65,7 +65,16 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["backend=trl", "trainer.ratio_cap=2.0"], "backend=trl does not use trainer.ratio_cap (set to 2.0)"),
     (["backend=verl", "trainer.rollout_process=true"], "backend=verl does not use trainer.rollout_process"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
-    (["backend=verl", "dry_run=true", "engine=hf"], "backend=verl samples with verl's own rollout servers"),
+    (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
+    (
+        [
+            "backend=verl",
+            "dry_run=true",
+            "trainer.batch_size=3",
+            "verl.actor_rollout_ref.rollout.agent.num_workers=2",
+        ],
+        "is not a multiple of verl's 2 agent-loop workers",
+    ),
 ]
 
 EVAL = [
