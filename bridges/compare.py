@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from bridges.compare_report import (
 )
 from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
+from bridges.metrics import read_metric_rows
 
 BACKENDS = ("grpo", "trl", "tinker", "verl")
 
@@ -174,7 +174,7 @@ def read_curves(runs: list[str]) -> tuple[dict[str, list[tuple[int, float]]], st
             raise ConfigError(
                 f"runs: '{run}' has no metrics.jsonl; point at a finished training run's folder."
             )
-        tables[Path(run).name] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        tables[Path(run).name] = read_metric_rows(path)
     by_samples = all(r.get("episodes/total") is not None for rows in tables.values() for r in rows)
     curves = {}
     for name, rows in tables.items():

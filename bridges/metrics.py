@@ -31,15 +31,20 @@ def renamed(row: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     return {names.get(key, key): value for key, value in row.items()}
 
 
+def read_metric_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (none when the file does not exist yet)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, config: dict[str, Any], report_to: str = "none", resume_step: int = 0):
         if report_to not in ("none", "wandb"):
             raise ConfigError(f"report_to must be 'none' or 'wandb', got '{report_to}'.")
         self.path = run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
-        if self.path.exists():
-            kept = [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
-            self.rows = [r for r in kept if r.get("step", 0) <= resume_step]
+        self.rows = [r for r in read_metric_rows(self.path) if r.get("step", 0) <= resume_step]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         self._file = self.path.open("a")

@@ -168,7 +168,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
     if code != 0:
         print(f"verl's trainer exited with code {code} (its output is above); the steps it finished are in "
               f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)  # fmt: skip
-    if code == 0:
+    else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/", "verl/"])  # fmt: skip
     return code

@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bridges.metrics import read_metric_rows
 from bridges.workflows.traces import TraceWriter, read_traces
 
 NATIVE_METRICS = "verl/native_metrics.jsonl"
@@ -51,12 +52,7 @@ def cut_back(run_dir: Path, resume: bool) -> int:
     step = latest_checkpoint_step(run_dir / "checkpoints") if resume else 0
     native = run_dir / NATIVE_METRICS
     if resume and native.exists():  # a launch killed before its rows were folded: fold them now
-        path = run_dir / "metrics.jsonl"
-        done = (
-            [json.loads(x).get("step", 0) for x in path.read_text().splitlines() if x.strip()]
-            if path.exists()
-            else []
-        )
+        done = [r.get("step", 0) for r in read_metric_rows(run_dir / "metrics.jsonl")]
         fold_metrics(run_dir, max(done, default=0))
     native.unlink(missing_ok=True)  # verl truncates it on open anyway; folded rows live in metrics.jsonl
     fold_metrics(run_dir, step)  # then drop the rows of the steps verl will run again
@@ -100,8 +96,7 @@ def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
     from bridges.metrics import renamed
 
     path = run_dir / "metrics.jsonl"
-    kept = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    rows = [r for r in kept if r.get("step", 0) <= resume_step]
+    rows = [r for r in read_metric_rows(path) if r.get("step", 0) <= resume_step]
     rewards = _reward_rows(run_dir)
     native = run_dir / NATIVE_METRICS
     for line in native.read_text().splitlines() if native.exists() else []:
