@@ -34,6 +34,11 @@ class EngineError(BridgesError, RuntimeError):
     """The engine failed to produce a sample (after any retries)."""
 
 
+class UnsupportedRequestError(BridgesError, ValueError):
+    """The engine cannot honour a request parameter (for example ``top_logprobs`` on a sampler that
+    returns only the sampled id's logprob); the client answers 400 with this sentence."""
+
+
 class EngineTimeoutError(EngineError, TimeoutError):
     """An engine call did not finish within its timeout."""
 

@@ -53,10 +53,10 @@ def check_dataset(env: Any, split: str, env_id: str) -> None:
 
 
 def check_model(model: str) -> None:
-    """``tiny``, a local model folder, or something shaped like a hub id (cached when offline)."""
-    from bridges.tiny import TINY_MODEL_NAME
+    """``tiny``/``tiny-<family>``, a local model folder, or something shaped like a hub id (cached when offline)."""
+    from bridges.tiny import is_builtin_model
 
-    if model == TINY_MODEL_NAME:
+    if is_builtin_model(model):
         return
     path = Path(model).expanduser()
     if path.exists():

@@ -20,7 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bridges.client.families import FAMILY_NAMES
 from bridges.client.http_bodies import response_json, split_kwargs
+from bridges.client.tool_calls import TOOL_PARSERS
 from bridges.config import option, parse_config, run_cli
 from bridges.engines import ENGINES, load_engine
 from bridges.errors import ConfigError
@@ -41,7 +43,12 @@ class ServeConfig:
     )
     request_timeout: float = option(600.0, gt=0.0, help="seconds an engine call may take")
     tool_parser: str = option(
-        "hermes", choices=("hermes", "llama3_json"), help="tool-call format of the model"
+        "auto",
+        choices=("auto", *TOOL_PARSERS),
+        help="tool-call format of the model (auto: from its chat template)",
+    )
+    family: str = option(
+        "auto", choices=("auto", *FAMILY_NAMES), help="model family (auto: detected from its chat template)"
     )
     device: str = option("cpu", help="torch device of the hf engine")
     max_batch_size: int = option(64, ge=1, help="hf engine: sequences decoded together")
@@ -167,7 +174,8 @@ class _Endpoints:
         return body
 
     async def create(self, request: Any, create: Any, sdk_create: Any, required: tuple[str, ...]) -> Any:
-        from starlette.responses import JSONResponse
+        from openai import AsyncStream
+        from starlette.responses import JSONResponse, StreamingResponse
 
         from bridges.client.api_errors import error_body
 
@@ -183,6 +191,8 @@ class _Endpoints:
         except Exception as exc:
             status, payload = error_body(exc)
             return JSONResponse(payload, status_code=status)
+        if isinstance(response, AsyncStream):  # stream=True: the events EngineClient built, as they are
+            return StreamingResponse(response.response.aiter_bytes(), media_type="text/event-stream")
         return JSONResponse(response_json(response))
 
     async def chat(self, request: Any) -> Any:
@@ -297,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         check_model(config.model)
     engine = build_engine(config)
     client = EngineClient(
-        engine, model_name=names[0], request_timeout=config.request_timeout, tool_parser=config.tool_parser
+        engine,
+        model_name=names[0],
+        request_timeout=config.request_timeout,
+        tool_parser=None if config.tool_parser == "auto" else config.tool_parser,
+        family=None if config.family == "auto" else config.family,
     )
     limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log)
     app = create_app(client, api_key=config.api_key, limits=limits)

@@ -20,16 +20,15 @@ Why the tokenizer looks the way it does:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from bridges.local_models import TINY_ARCHITECTURE, cached_build
+
 TINY_MODEL_NAME = "tiny"
+FAMILY_MODEL_NAMES = ("tiny-qwen2.5", "tiny-qwen3", "tiny-llama3", "tiny-mistral", "tiny-deepseek-v3")
 _TINY_BUILD_VERSION = "1"
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
@@ -76,16 +75,7 @@ TINY_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-DEFAULT_TINY_CONFIG: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-    "head_dim": 16,
-}
+DEFAULT_TINY_CONFIG = TINY_ARCHITECTURE
 
 
 def tiny_vocab() -> dict[str, int]:
@@ -142,30 +132,23 @@ def build_tiny_model(output_dir: str | os.PathLike[str], seed: int = 0, **config
     return out
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("BRIDGES_CACHE_DIR", Path.home() / ".cache" / "rl-bridges"))
-
-
 def tiny_model_path(seed: int = 0, **config_overrides: Any) -> Path:
     """The cached tiny model folder for this seed/config, built on first use (atomic, race-safe)."""
-    key = repr((_TINY_BUILD_VERSION, seed, sorted(config_overrides.items())))
-    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-    target = cache_dir() / f"tiny-{digest}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    try:
-        build_tiny_model(staging, seed=seed, **config_overrides)
-        with contextlib.suppress(OSError):  # another process won the race; its copy is identical
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    key = (_TINY_BUILD_VERSION, seed, sorted(config_overrides.items()))
+    return cached_build("tiny", key, lambda folder: build_tiny_model(folder, seed=seed, **config_overrides))
+
+
+def is_builtin_model(model: str) -> bool:
+    """``tiny`` or one of the ``tiny-<family>`` models over real vocabularies (bridges/family_models.py)."""
+    return model == TINY_MODEL_NAME or model in FAMILY_MODEL_NAMES
 
 
 def resolve_model_path(model: str) -> str:
-    """``tiny`` -> the locally built tiny model folder; anything else (path or hub id) unchanged."""
+    """``tiny``/``tiny-<family>`` -> the locally built folder; anything else (path or hub id) unchanged."""
     if model == TINY_MODEL_NAME:
         return str(tiny_model_path())
+    if model in FAMILY_MODEL_NAMES:
+        from bridges.family_models import family_model_path
+
+        return str(family_model_path(model))
     return model

@@ -16,7 +16,7 @@ from typing import Any
 
 from bridges.backends import Backend, backend_section, installed_sections, resolve_backend
 from bridges.config import parse_config, run_cli, to_yaml, with_open_sections
-from bridges.errors import MissingExtraError
+from bridges.errors import BridgesError, MissingExtraError
 from bridges.preflight import (
     build_environment,
     check_dataset,
@@ -47,6 +47,16 @@ def validate(config: TrainConfig, backend: Backend) -> Any:
     return options
 
 
+def template_verdict(model: str) -> str:
+    """``bridges.check``'s one-line verdict on the model's chat template, printed as a run starts."""
+    from bridges.check import run_check
+
+    try:
+        return f"template check: {run_check(model).verdict()}"
+    except BridgesError as exc:  # a model whose tokenizer is not local (a remote Tinker base model)
+        return f"template check: skipped ({exc})"
+
+
 def train_schema() -> type[TrainConfig]:
     """``TrainConfig`` plus a ``<name>.*`` section for each backend an installed package registers."""
     return with_open_sections(
@@ -64,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run_dir = Path(config.output_dir) / config.resolved_run_name
     claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=False)
+    print(template_verdict(config.model), flush=True)
     return int(backend.run(config, options) or 0)
 
 

@@ -18,6 +18,9 @@ Messages = list[Message]
 
 FinishReason = Literal["stop", "length", "abort"]
 
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's limit on ``top_logprobs``; every engine that returns alternatives honours up to this many."""
+
 
 class StopReason(StrEnum):
     """Why a rollout ended. A custom ``@stop`` condition uses its own name instead of one of these."""
@@ -65,6 +68,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives per position to return (0: only the sampled id's logprob)
 
     def stops_and_seed(self) -> dict[str, Any]:
         """``stop``, ``stop_token_ids`` and ``seed``, only those that are set: the fields vLLM-style
@@ -93,6 +97,7 @@ class Sample:
     finish_reason: FinishReason
     weight_version: int = 0
     stop_str: str | None = None  # the stop string that ended the sample, when one did
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per position, best first, when asked for
 
 
 @runtime_checkable

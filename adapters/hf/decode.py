@@ -40,6 +40,7 @@ class RowResult:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason = "length"
     stop_str: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def _stop_string_hit(tokenizer: Any, ids: list[int], stops: list[str], window: int) -> str | None:
@@ -109,19 +110,28 @@ def generate_batch(
     vocab_size = model.get_output_embeddings().weight.shape[0]
     sampler = BatchSampler([r.params for r in rows], [r.seed for r in rows], vocab_size, device)
     results = [RowResult() for _ in rows]
+    top_k = [r.params.top_logprobs for r in rows]
+    for result, k in zip(results, top_k, strict=True):
+        if k:
+            result.top_logprobs = []
+    max_top = max(top_k)
     stop_windows = [(max(map(len, r.params.stop)) + 8) if r.params.stop else 0 for r in rows]
     can_compact = hasattr(cache, "batch_select_indices")
     active = list(range(len(rows)))  # batch position -> row index
     alive = [True] * len(rows)  # per batch position: still generating
     n_alive = len(rows)
     while True:
-        tokens, logprobs = sampler.sample(logits)
+        tokens, logprobs, logp = sampler.sample(logits)
         token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+        top_ids, top_values = sampler.top(logp, max_top) if max_top else ([], [])
         for pos, row_index in enumerate(active):
             if alive[pos]:
                 result, token = results[row_index], token_list[pos]
                 result.token_ids.append(token)
                 result.logprobs.append(logprob_list[pos])
+                if result.top_logprobs is not None:
+                    k = top_k[row_index]
+                    result.top_logprobs.append(list(zip(top_ids[pos][:k], top_values[pos][:k], strict=True)))
                 if _finished(tokenizer, rows[row_index], result, token, stop_windows[row_index]):
                     alive[pos], n_alive = False, n_alive - 1
         if n_alive == 0:

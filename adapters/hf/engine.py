@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.errors import BridgesError, EngineError, PromptTooLongError
-from bridges.types import Sample, SamplingParams
+from bridges.types import MAX_TOP_LOGPROBS, Sample, SamplingParams
 
 
 class InvalidRequestError(BridgesError, ValueError):
@@ -175,6 +175,10 @@ class HFEngine:
             raise InvalidRequestError(f"temperature must be >= 0, got {params.temperature}.")
         if not 0 < params.top_p <= 1:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {params.top_p}.")
+        if not 0 <= params.top_logprobs <= min(MAX_TOP_LOGPROBS, self._vocab_size):
+            raise InvalidRequestError(
+                f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {params.top_logprobs}."
+            )
         max_new = min(params.max_tokens, self.max_model_len - len(prompt))
         stop_ids = frozenset(self.eos_token_ids) | frozenset(params.stop_token_ids)
         return [
@@ -214,8 +218,9 @@ class HFEngine:
                 continue
             for (request, i), result in zip(batch, results, strict=True):
                 request.results[i] = Sample(
-                    result.token_ids, result.logprobs, result.finish_reason, version, result.stop_str
-                )
+                    result.token_ids, result.logprobs, result.finish_reason, version, result.stop_str,
+                    result.top_logprobs,
+                )  # fmt: skip
                 request.remaining -= 1
                 if request.remaining == 0 and not request.future.done():
                     request.future.set_result(list(request.results))  # type: ignore[arg-type]

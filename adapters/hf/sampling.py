@@ -77,8 +77,9 @@ class BatchSampler:
         self.generators = [self.generators[i] for i in index_list]
         self._index_lists()
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``logits`` [rows, vocab] (float32) -> (token ids [rows], their logprobs [rows])."""
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``logits`` [rows, vocab] (float32) -> (token ids [rows], their logprobs [rows], the
+        temperature-scaled log-distribution [rows, vocab] they were drawn from)."""
         logp = torch.log_softmax(logits * self.inv_temp, dim=-1)
         if self.all_greedy:
             tokens = logits.argmax(dim=-1)
@@ -86,7 +87,14 @@ class BatchSampler:
             tokens = (self._filter(logp) - self._log_exponential_noise(logp)).argmax(dim=-1)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
-        return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logp
+
+    @staticmethod
+    def top(logp: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """The ``k`` most likely ids of each row and their logprobs, under the same distribution the
+        sampled id's logprob comes from (so the sampled id, when among them, shows the same number)."""
+        values, ids = logp.topk(k, dim=-1)
+        return ids.tolist(), values.tolist()
 
     def _filter(self, logp: torch.Tensor) -> torch.Tensor:
         """``logp`` with ids outside each row's top-k / top-p set at -inf (top-p over the top-k

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.errors import ConfigError
+from bridges.errors import ConfigError, UnsupportedRequestError
 from bridges.types import Sample, SamplingParams
 
 
 def tinker_sampling_params(params: SamplingParams, eos_ids: set[int]) -> dict[str, Any]:
     """Our sampling parameters as keyword arguments for ``tinker.types.SamplingParams``."""
+    if params.top_logprobs:
+        raise UnsupportedRequestError(
+            "the Tinker engine returns only the sampled token's logprob, so top_logprobs cannot be "
+            "served; drop top_logprobs (or use the hf or vllm engine)."
+        )
     if params.stop and params.stop_token_ids:
         raise ConfigError(
             "Tinker takes stop strings or stop token ids in one request, not both; pass only one kind."

@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from bridges.errors import UnsupportedRequestError
 from bridges.types import Sample, SamplingParams
 
 
@@ -62,6 +63,11 @@ class VerlServerEngine:
         }
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
+        if params.top_logprobs:
+            raise UnsupportedRequestError(
+                "verl's rollout servers return only the sampled token's logprob, so top_logprobs cannot "
+                "be served during verl training; drop top_logprobs."
+            )
         if self.first_prompt_len is None:
             self.first_prompt_len = len(prompt_ids)
         samples = []

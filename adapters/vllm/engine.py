@@ -32,15 +32,16 @@ def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,
-        "logprobs": 0,  # the sampled token's logprob only
+        "logprobs": params.top_logprobs,  # the sampled token's logprob, plus this many alternatives
         "skip_special_tokens": False,
         "include_stop_str_in_output": False,  # the client cuts at a stop string itself
     }
     return {**kwargs, **params.stops_and_seed()}
 
 
-def samples_from_output(output: Any, weight_version: int) -> list[Sample]:
-    """A finished ``RequestOutput`` -> our ``Sample``s (one logprob per sampled id, or a clear error)."""
+def samples_from_output(output: Any, weight_version: int, top_k: int = 0) -> list[Sample]:
+    """A finished ``RequestOutput`` -> our ``Sample``s (one logprob per sampled id, or a clear error);
+    ``top_k`` alternatives per position when the request asked for them."""
     samples = []
     for completion in output.outputs:
         token_ids = list(completion.token_ids)
@@ -51,6 +52,7 @@ def samples_from_output(output: Any, weight_version: int) -> list[Sample]:
                 "the engine must be created with logprobs enabled."
             )
         logprobs = [float(entry[tok].logprob) for entry, tok in zip(entries, token_ids, strict=True)]
+        top = [_top_entries(entry, top_k) for entry in entries] if top_k else None
         reason: FinishReason = (
             "stop"
             if completion.finish_reason == "stop"
@@ -59,8 +61,15 @@ def samples_from_output(output: Any, weight_version: int) -> list[Sample]:
             else "abort"
         )
         stop_str = completion.stop_reason if isinstance(completion.stop_reason, str) else None
-        samples.append(Sample(token_ids, logprobs, reason, weight_version, stop_str))
+        samples.append(Sample(token_ids, logprobs, reason, weight_version, stop_str, top))
     return samples
+
+
+def _top_entries(entry: dict[int, Any], k: int) -> list[tuple[int, float]]:
+    """One position's ``{token_id: Logprob}`` -> its ``k`` best (id, logprob). vLLM adds the sampled id
+    to the top-k when it ranks lower, so the dict may hold k + 1 entries: keep the k best."""
+    ranked = sorted(entry.items(), key=lambda item: -float(item[1].logprob))
+    return [(int(token), float(lp.logprob)) for token, lp in ranked[:k]]
 
 
 class VLLMEngine:
@@ -125,7 +134,7 @@ class VLLMEngine:
             final = output
         if final is None:
             raise RuntimeError("vLLM finished the request without producing an output.")
-        return samples_from_output(final, version)
+        return samples_from_output(final, version, params.top_logprobs)
 
     async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> None:
         """New weights for the next requests: LoRA hot-load when serving an adapter, else full weights."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openai import NotGiven, Omit
@@ -21,7 +21,7 @@ from openai.resources.chat.completions import AsyncCompletions as _SDKChatComple
 from openai.resources.completions import AsyncCompletions as _SDKCompletions
 
 from bridges.client.api_errors import bad_request
-from bridges.types import SamplingParams
+from bridges.types import MAX_TOP_LOGPROBS, SamplingParams
 
 CHAT_PATH = "/chat/completions"
 COMPLETIONS_PATH = "/completions"
@@ -33,7 +33,7 @@ COMPLETION_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_token_ids")
 _NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
 _IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothing to send them over
 _ZERO_OK = frozenset({"presence_penalty", "frequency_penalty"})
-_FALSE_OK = frozenset({"stream", "store", "echo"})
+_FALSE_OK = frozenset({"store", "echo"})
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_SET = frozenset(ROLES)
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
@@ -45,28 +45,44 @@ def is_absent(value: Any) -> bool:
 
 
 @dataclass(slots=True)
+class Streaming:
+    """``stream=True`` and its ``stream_options``: whether the last chunk reports usage."""
+
+    include_usage: bool = False
+
+
+@dataclass(slots=True)
 class ChatRequest:
     messages: list[Any]
     model: str
-    n: int
-    tools: list[dict[str, Any]] | None
-    parse_tools: bool
-    max_tokens: int | None
-    params: SamplingParams
-    logprobs: bool
-    return_drift: bool
-    timeout: float | None
+    n: int = 1
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str = "auto"  # "auto", "none", "required" or "function" (``tool_name`` then names it)
+    tool_name: str | None = None
+    max_tokens: int | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: bool = False
+    return_drift: bool = False
+    timeout: float | None = None
+    stream: Streaming | None = None
+    stream_options: Any = None
+
+    @property
+    def parse_tools(self) -> bool:
+        return self.tools is not None and self.tool_choice != "none"
 
 
 @dataclass(slots=True)
 class CompletionRequest:
     prompt: str | list[int]
     model: str
-    n: int
-    max_tokens: int
-    params: SamplingParams
-    logprobs: bool
-    timeout: float | None
+    n: int = 1
+    max_tokens: int = 16  # the OpenAI (and vLLM) default for completions
+    params: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: bool = False
+    timeout: float | None = None
+    stream: Streaming | None = None
+    stream_options: Any = None
 
 
 def _bad(message: str, param: str, path: str) -> Exception:
@@ -257,11 +273,82 @@ def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -
         return
     if name in _ZERO_OK and value == 0:
         return
-    if name == "stream":
-        raise _bad(
-            "'stream'=True is not supported by EngineClient: responses are returned whole.", name, path
-        )
     raise _refuse(name, value, path)
+
+
+def _stream_option(name: str, value: Any, request: ChatRequest | CompletionRequest, path: str) -> bool:
+    """``stream`` and ``stream_options`` into ``request``; False when ``name`` is neither."""
+    if name == "stream":
+        if not isinstance(value, bool):
+            raise _bad(f"'stream' must be a boolean, got {value!r:.40}.", name, path)
+        request.stream = Streaming() if value else None
+    elif name == "stream_options":
+        request.stream_options = value
+    else:
+        return False
+    return True
+
+
+def _finish_streaming(request: ChatRequest | CompletionRequest, path: str) -> None:
+    """``stream_options`` is only valid with ``stream=True`` (as on OpenAI), and holds only known keys."""
+    options = request.stream_options
+    if options is None:
+        return
+    if request.stream is None:
+        raise _bad("'stream_options' is only allowed when 'stream' is true.", "stream_options", path)
+    if not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object.", "stream_options", path)
+    for key, value in options.items():
+        if key == "include_usage" and isinstance(value, bool):
+            request.stream.include_usage = value
+        elif key == "include_obfuscation" and isinstance(value, bool):
+            continue  # padding against side channels on a network; nothing to hide in-process
+        else:
+            raise _bad(
+                f"'stream_options.{key}'={value!r:.40} is not supported; use include_usage (a boolean).",
+                f"stream_options.{key}",
+                path,
+            )
+
+
+def _top_logprobs(value: Any, path: str, name: str = "top_logprobs") -> int:
+    return _int(name, value, path, 0, MAX_TOP_LOGPROBS)
+
+
+def _tool_choice(value: Any, request: ChatRequest, path: str) -> None:
+    """``"none"``, ``"auto"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    if value in ("auto", "none", "required"):
+        request.tool_choice = value
+        return
+    function = value.get("function") if isinstance(value, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(name, str):
+        raise _bad(
+            f"'tool_choice' must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+            f"{{'name': ...}}}}, got {value!r:.60}.",
+            "tool_choice",
+            path,
+        )
+    request.tool_choice, request.tool_name = "function", name
+
+
+def _finish_tools(request: ChatRequest, path: str) -> None:
+    """A forced tool call needs tools, and a named one must be among them."""
+    if request.tool_choice in ("auto", "none"):
+        return
+    if not request.tools:
+        raise _bad(f"'tool_choice'={request.tool_choice!r} needs 'tools' to call.", "tool_choice", path)
+    if request.tool_name is not None:
+        names = [t["function"]["name"] for t in request.tools]
+        if request.tool_name not in names:
+            raise _bad(
+                f"'tool_choice' names the function {request.tool_name!r:.60}, which is not among the "
+                f"tools ({', '.join(names)}).",
+                "tool_choice",
+                path,
+            )
 
 
 def _sampling_option(name: str, value: Any, params: SamplingParams, path: str) -> bool:
@@ -303,7 +390,7 @@ def _chat_messages(messages: Any, path: str) -> list[Any]:
 
 def _chat_option(name: str, value: Any, request: ChatRequest, path: str) -> None:
     """One ``chat.completions.create`` argument (present, not the messages or model) into ``request``."""
-    if _sampling_option(name, value, request.params, path):
+    if _sampling_option(name, value, request.params, path) or _stream_option(name, value, request, path):
         return
     if name in ("max_tokens", "max_completion_tokens"):
         tokens = _int(name, value, path, 1)  # max_completion_tokens wins when both are given
@@ -315,26 +402,13 @@ def _chat_option(name: str, value: Any, request: ChatRequest, path: str) -> None
     elif name == "tools":
         request.tools = _tools(value, path)
     elif name == "tool_choice":
-        if value not in ("auto", "none"):
-            raise _bad(
-                f"'tool_choice'={value!r} cannot be enforced: the engine samples freely without constrained "
-                f"decoding; use 'auto' (or 'none') and check the reply's tool_calls.",
-                name,
-                path,
-            )
-        request.parse_tools = value == "auto"
+        _tool_choice(value, request, path)
     elif name == "logprobs":
         if not isinstance(value, bool):
             raise _bad(f"'logprobs' must be a boolean, got {value!r}.", name, path)
         request.logprobs = value
     elif name == "top_logprobs":
-        if value != 0:
-            raise _bad(
-                f"'top_logprobs'={value!r} is not supported: engines return only the sampled token's "
-                f"logprob (use logprobs=True, or read choices[i].token_logprobs).",
-                name,
-                path,
-            )
+        request.params.top_logprobs = _top_logprobs(value, path)
     elif name == "extra_body":
         request.return_drift = _apply_extra_body(value, request.params, path, CHAT_EXTRA_BODY_KEYS)
     else:
@@ -345,8 +419,7 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
     """Validate ``chat.completions.create`` keyword arguments (raises BadRequestError/TypeError)."""
     path = CHAT_PATH
     messages, model = _required(kwargs, "messages")
-    request = ChatRequest(_chat_messages(messages, path), model, 1, None, True, None, SamplingParams(),
-                          False, False, None)  # fmt: skip
+    request = ChatRequest(_chat_messages(messages, path), model)
     for name, value in kwargs.items():
         if name in ("messages", "model"):
             continue
@@ -356,6 +429,10 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
             _check_other(name, value, _CHAT_SDK_PARAMS, path)
         else:
             _chat_option(name, value, request, path)
+    if request.params.top_logprobs and not request.logprobs:
+        raise _bad("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs", path)
+    _finish_tools(request, path)
+    _finish_streaming(request, path)
     return request
 
 
@@ -379,20 +456,14 @@ def _completion_prompt(prompt: Any, path: str) -> str | list[int]:
 
 def _completion_option(name: str, value: Any, request: CompletionRequest, n_given: Any, path: str) -> None:
     """One ``completions.create`` argument (present, not the prompt or model) into ``request``."""
-    if _sampling_option(name, value, request.params, path):
+    if _sampling_option(name, value, request.params, path) or _stream_option(name, value, request, path):
         return
     if name == "max_tokens":
         request.max_tokens = _int(name, value, path, 1)
     elif name == "n":
         request.n = _int(name, value, path, 1)
-    elif name == "logprobs":
-        if value != 0 or isinstance(value, bool):
-            raise _bad(
-                f"'logprobs'={value!r} asks for top alternatives, which engines do not return; use "
-                f"logprobs=0 for the sampled tokens' logprobs (or read choices[i].token_logprobs).",
-                name,
-                path,
-            )
+    elif name == "logprobs":  # the number of alternatives per position, as on OpenAI's legacy endpoint
+        request.params.top_logprobs = _top_logprobs(value, path, "logprobs")
         request.logprobs = True
     elif name == "best_of":
         if value not in (1, n_given):
@@ -407,8 +478,7 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
     """Validate ``completions.create`` keyword arguments (a single prompt: text or token ids)."""
     path = COMPLETIONS_PATH
     prompt, model = _required(kwargs, "prompt")
-    # max_tokens 16: the OpenAI (and vLLM) default for completions
-    request = CompletionRequest(_completion_prompt(prompt, path), model, 1, 16, SamplingParams(), False, None)
+    request = CompletionRequest(_completion_prompt(prompt, path), model)
     for name, value in kwargs.items():
         if name in ("prompt", "model"):
             continue
@@ -418,4 +488,5 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
             _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
         else:
             _completion_option(name, value, request, kwargs.get("n"), path)
+    _finish_streaming(request, path)
     return request

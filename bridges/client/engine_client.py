@@ -36,10 +36,18 @@ from openai.resources.chat.completions import AsyncCompletions as _SDKChatComple
 from openai.resources.completions import AsyncCompletions as _SDKCompletions
 from openai.resources.models import AsyncModels as _SDKModels
 from openai.types import Completion, Model
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bridges.client.api_errors import bad_request, error_body, internal_error, timeout_error
-from bridges.client.arguments import CHAT_PATH, COMPLETIONS_PATH, parse_chat, parse_completion
+from bridges.client.arguments import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    ChatRequest,
+    Streaming,
+    parse_chat,
+    parse_completion,
+)
+from bridges.client.families import resolve_family
 from bridges.client.http_bodies import response_json, split_kwargs
 from bridges.client.ledger import (
     LedgerRecord,
@@ -58,7 +66,7 @@ from bridges.client.responses import (
     usage,
     validate_with_ids,
 )
-from bridges.client.tool_calls import get_tool_parser
+from bridges.client.streaming import sse_body, stream_chunks
 from bridges.errors import BridgesError, EngineTimeoutError, PromptTooLongError
 from bridges.messages import to_message_dict
 from bridges.types import Engine, Sample, SamplingParams
@@ -169,6 +177,9 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
                 exc if not isinstance(exc, (TypeError, ValueError)) else bad_request(str(exc))
             )
             return httpx2.Response(status, json=payload, request=request)
+        if isinstance(response, openai.AsyncStream):  # the SDK asked for stream=True: the same events
+            body = await response.response.aread()
+            return httpx2.Response(200, headers=response.response.headers, content=body, request=request)
         return httpx2.Response(200, json=response_json(response), request=request)
 
 
@@ -232,8 +243,9 @@ class _Models(_SDKModels):
 class EngineClient(openai.AsyncOpenAI):
     """An ``openai.AsyncOpenAI`` whose chat/completions run on ``engine`` in-process, with a token ledger.
 
-    ``request_timeout`` bounds every engine await (seconds); ``tool_parser`` is ``"hermes"`` or
-    ``"llama3_json"``; ``ledger_capacity`` bounds how many turns the ledger remembers (LRU).
+    ``request_timeout`` bounds every engine await (seconds); ``family`` (``bridges.client.families``)
+    and ``tool_parser`` (``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v3``) default to what the
+    chat template shows; ``ledger_capacity`` bounds how many turns the ledger remembers (LRU).
     """
 
     def __init__(
@@ -242,12 +254,13 @@ class EngineClient(openai.AsyncOpenAI):
         *,
         model_name: str = "bridges",
         request_timeout: float = 600.0,
-        tool_parser: str = "hermes",
+        tool_parser: str | None = None,
+        family: str | None = None,
         ledger_capacity: int = 65536,
     ) -> None:
         if request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {request_timeout}.")
-        parse_tools = get_tool_parser(tool_parser)
+        self.family = resolve_family(engine.tokenizer, family, tool_parser)
         transport = _InProcessTransport()
         super().__init__(
             api_key="engine-client",
@@ -259,8 +272,8 @@ class EngineClient(openai.AsyncOpenAI):
         self.engine = engine
         self.model_name = model_name
         self.request_timeout = float(request_timeout)
-        self.tool_parser = tool_parser
-        self._parse_tools = parse_tools
+        self.tool_parser = self.family.tool_format
+        self._tool_format = self.family.tools
         self.renderer = ChatRenderer(engine.tokenizer)
         self.ledger = TokenLedger(ledger_capacity)
         self._ids = itertools.count()
@@ -373,6 +386,13 @@ class EngineClient(openai.AsyncOpenAI):
                     f"logprob (None/NaN/inf); such a sample cannot be trained on.",
                     path,
                 )
+            if params.top_logprobs and len(sample.top_logprobs or ()) != len(sample.token_ids):
+                raise bad_request(
+                    f"the '{self.engine.name}' engine returned no top_logprobs, so it cannot serve them; "
+                    f"drop top_logprobs.",
+                    param="top_logprobs" if path == CHAT_PATH else "logprobs",
+                    path=path,
+                )
         return samples
 
     def _budget(self, prompt_len: int, max_tokens: int | None, params: SamplingParams, path: str) -> None:
@@ -420,31 +440,41 @@ class EngineClient(openai.AsyncOpenAI):
         except (ChatTemplateError, ValueError) as exc:  # a template that cannot render these messages
             raise bad_request(str(exc), param="messages") from exc
 
-    async def _chat_create(self, **kwargs: Any) -> ChatCompletion:
-        request = parse_chat(kwargs)
+    def _prefill(self, request: ChatRequest) -> list[int]:
+        """The tool-call opener a forced ``tool_choice`` appends to the prompt (mask 0 in training)."""
+        if request.tool_choice not in ("required", "function"):
+            return []
+        return self.renderer.encode(self._tool_format.opener(request.tool_name))
+
+    async def _chat_payload(self, request: ChatRequest) -> tuple[dict[str, Any], list[int], list[Sample]]:
+        """Render, generate and record one chat request: the response as a plain dict, and its ids."""
         messages, tools, renderer, params = request.messages, request.tools, self.renderer, request.params
         tkey = self._tools_key(tools) if tools else None
         prompt_ids, added, parent, restart, last_hash = self._chat_prompt(messages, tools, tkey)
+        prefill = self._prefill(request)
+        if prefill:
+            prompt_ids, added = prompt_ids + prefill, [*added, *prefill]
         self._budget(len(prompt_ids), request.max_tokens, params, CHAT_PATH)
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, CHAT_PATH)
 
-        parse = self._parse_tools if (tools and request.parse_tools) else None
+        parse = self._tool_format.parse if request.parse_tools else None
+        forced = request.tool_name or "" if prefill else None
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
         drifted = restart and parent is not None
         choices, records = [], []
         for i, sample in enumerate(samples):
-            text = reply_text(renderer.decode, sample, end_ids)
+            text = reply_text(renderer.decode, sample, end_ids, prefill)
             entries = (
-                logprob_entries(renderer.decode, sample.token_ids, sample.logprobs)
+                logprob_entries(renderer.decode, sample.token_ids, sample.logprobs, sample.top_logprobs)
                 if request.logprobs
                 else None
             )
-            choice = chat_choice(i, sample, text, parse, entries)
+            choice = chat_choice(i, sample, text, parse, entries, self.family.reasoning, forced)
             choices.append(choice)
             sampled = tuple(sample.token_ids)
             closing = renderer.closing_ids(sampled, sample.finish_reason, tools, tkey)
             record = LedgerRecord(
-                parent, added, sampled, closing, len(messages), tools, tkey, restart, drifted
+                parent, added, sampled, closing, len(messages), tools, tkey, restart, drifted, len(prefill)
             )
             self.ledger.put(extend_hash(last_hash, choice["message"]), record)
             records.append(record)
@@ -461,14 +491,35 @@ class EngineClient(openai.AsyncOpenAI):
             payload["drift_tokens"], payload["drifted_turns"] = measure_record_drift(
                 records[0], _as_dicts(messages), renderer
             )
+        return payload, prompt_ids, samples
+
+    def _stream(
+        self, payload: dict[str, Any], prompt_ids: list[int], samples: list[Sample], streaming: Streaming,
+        chunk_type: type, path: str,
+    ) -> openai.AsyncStream[Any]:  # fmt: skip
+        """The SDK's own ``AsyncStream`` over the server-sent events ``bridges.serve`` would send."""
+        body = sse_body(stream_chunks(payload, prompt_ids, samples, streaming.include_usage))
+        http = httpx2.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=body,
+            request=httpx2.Request("POST", _BASE_URL + path),
+        )
+        return openai.AsyncStream(cast_to=chunk_type, response=http, client=self)
+
+    async def _chat_create(self, **kwargs: Any) -> ChatCompletion | openai.AsyncStream[ChatCompletionChunk]:
+        request = parse_chat(kwargs)
+        payload, prompt_ids, samples = await self._chat_payload(request)
         response = validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
         sink = _RESPONSE_SINK.get()
         if sink is not None:
             sink.append(response)
+        if request.stream is not None:
+            return self._stream(payload, prompt_ids, samples, request.stream, ChatCompletionChunk, CHAT_PATH)
         return response
 
     # -- completions ---------------------------------------------------------------------------
-    async def _completion_create(self, **kwargs: Any) -> Completion:
+    async def _completion_create(self, **kwargs: Any) -> Completion | openai.AsyncStream[Completion]:
         request = parse_completion(kwargs)
         renderer = self.renderer
         prompt = request.prompt
@@ -482,7 +533,11 @@ class EngineClient(openai.AsyncOpenAI):
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
         choices = []
         for i, sample in enumerate(samples):
-            entries = logprob_entries(decode, sample.token_ids, sample.logprobs) if request.logprobs else None
+            entries = (
+                logprob_entries(decode, sample.token_ids, sample.logprobs, sample.top_logprobs)
+                if request.logprobs
+                else None
+            )
             choices.append(completion_choice(i, sample, reply_text(decode, sample, end_ids), entries))
         payload = {
             "id": self._response_id("cmpl"),
@@ -493,4 +548,8 @@ class EngineClient(openai.AsyncOpenAI):
             "usage": usage(len(prompt_ids), samples),
             "weight_version": samples[0].weight_version,
         }
+        if request.stream is not None:
+            return self._stream(
+                payload, list(prompt_ids), samples, request.stream, Completion, COMPLETIONS_PATH
+            )
         return validate_with_ids(Completion, payload, list(prompt_ids), samples)

@@ -124,6 +124,7 @@ class LedgerRecord:
     tools_key: str | None
     restart: bool  # ``added`` is a full render, not an extension of the parent's ids
     drifted: bool  # the prefix was known but the new messages could not be bridged cleanly
+    prefilled: int = 0  # the last ids of ``added`` the client appended itself (a forced tool-call opener)
 
     def _segments(self, include_self_reply: bool) -> list[Sequence[int]]:
         segments: list[Sequence[int]] = []
@@ -212,7 +213,8 @@ def measure_record_drift(
             history = current.parent.history_ids()
             tokens = count_drift(history, scratch[: len(history)])
         else:
-            tokens = count_drift(current.prompt_ids(), scratch)
+            prompt = current.prompt_ids()
+            tokens = count_drift(prompt[: len(prompt) - current.prefilled], scratch)
         drift_tokens += tokens
         drifted_turns += 1 if (tokens or current.drifted) else 0
         current = current.parent

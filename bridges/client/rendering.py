@@ -241,7 +241,12 @@ class ChatRenderer:
         return text[len(dummy.text) :] if text.startswith(dummy.text) else None
 
     def _build_dummy(self, tools: list[dict[str, Any]] | None) -> DummyRender | None:
-        """The shortest candidate dummy whose bridges equal the full dummy's on probe messages."""
+        """The shortest candidate dummy whose bridges equal the full dummy's on probe messages.
+
+        Where the full dummy cannot bridge a probe at all (a template that moves the tool list or
+        the system prompt to the last user turn re-renders the dummy's own user turn), a shorter
+        dummy that can is taken: its bridge is how the template prints the new messages.
+        """
         reference = self._render_dummy(_DUMMY_CANDIDATES[-1], tools)
         if reference is None:
             return None
@@ -249,12 +254,16 @@ class ChatRenderer:
             short = self._render_dummy(candidate, tools)
             if short is None or short.closing != reference.closing:
                 continue
-            if all(
-                self._suffix(short, probe, tools) == self._suffix(reference, probe, tools) is not None
-                for probe in _PROBES
-            ):
+            if all(self._bridges_like(short, reference, probe, tools) for probe in _PROBES):
                 return short
         return reference
+
+    def _bridges_like(self, short: DummyRender, reference: DummyRender, probe: Any, tools: Any) -> bool:
+        bridge = self._suffix(short, probe, tools)
+        if bridge is None:
+            return False
+        expected = self._suffix(reference, probe, tools)
+        return expected is None or bridge == expected
 
     def closing_ids(
         self,

@@ -2,8 +2,9 @@
 
 The text shown to the environment is derived from the sampled ids, never the other way round:
 special tokens are kept (an environment may grade markup) except the trailing end-of-turn token,
-the text is cut at the matched stop string (as the OpenAI API does), a leading
-``<think>...</think>`` goes to ``reasoning_content`` and tool-call markup becomes ``tool_calls``.
+the text is cut at the matched stop string (as the OpenAI API does), a leading reasoning block
+(``<think>...</think>`` for the families that have one) goes to ``reasoning_content`` and tool-call
+markup becomes ``tool_calls``.
 The ids themselves travel untouched in the extras (``token_ids``, ``token_logprobs``).
 """
 
@@ -12,19 +13,25 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from bridges.client.tool_calls import ParsedReply
+from bridges.client.tool_calls import ParsedReply, ParsedToolCall, tool_call_id
 from bridges.types import Sample
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
+def reply_text(
+    decode: Callable[[Sequence[int]], str],
+    sample: Sample,
+    end_ids: Collection[int],
+    prefill: Sequence[int] = (),
+) -> str:
+    """Decoded sampled text without the trailing end-of-turn id, cut at the matched stop string.
 
-def reply_text(decode: Callable[[Sequence[int]], str], sample: Sample, end_ids: Collection[int]) -> str:
-    """Decoded sampled text without the trailing end-of-turn id, cut at the matched stop string."""
+    ``prefill``: ids appended to the prompt that the reply continues (a forced tool call's opener);
+    decoded together with the sample, since a byte-level token may complete a character they began.
+    """
     ids = sample.token_ids
     if ids and sample.finish_reason == "stop" and ids[-1] in end_ids:
         ids = ids[:-1]
-    text = decode(ids)
+    text = decode([*prefill, *ids] if prefill else ids)
     stop_str = sample.stop_str
     if stop_str:
         at = text.find(stop_str)
@@ -33,26 +40,34 @@ def reply_text(decode: Callable[[Sequence[int]], str], sample: Sample, end_ids: 
     return text
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """(reasoning, content) for a reply that opens with ``<think>``; an unclosed think is all reasoning."""
-    if not text.startswith(THINK_OPEN):
+def split_reasoning(text: str, markers: tuple[str, str] | None) -> tuple[str | None, str]:
+    """(reasoning, content) for a reply that opens with ``markers[0]``; an unclosed block is all reasoning."""
+    if markers is None or not text.startswith(markers[0]):
         return None, text
-    end = text.find(THINK_CLOSE, len(THINK_OPEN))
+    opening, closing = markers
+    end = text.find(closing, len(opening))
     if end < 0:
-        return text[len(THINK_OPEN) :], ""
-    return text[len(THINK_OPEN) : end], text[end + len(THINK_CLOSE) :]
+        return text[len(opening) :], ""
+    return text[len(opening) : end], text[end + len(closing) :]
+
+
+def _token_entry(decode: Callable[[Sequence[int]], str], token_id: int, logprob: float) -> dict[str, Any]:
+    token = decode([token_id])
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
 def logprob_entries(
-    decode: Callable[[Sequence[int]], str], ids: Sequence[int], logprobs: Sequence[float]
+    decode: Callable[[Sequence[int]], str],
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: Sequence[Sequence[tuple[int, float]]] | None = None,
 ) -> list[dict]:
-    """``choices[i].logprobs.content``: one entry per sampled id, no alternatives."""
+    """``choices[i].logprobs.content``: one entry per sampled id, with its alternatives when ``top``."""
     out = []
-    for token_id, logprob in zip(ids, logprobs, strict=True):
-        token = decode([token_id])
-        out.append(
-            {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
-        )
+    for i, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        entry = _token_entry(decode, token_id, logprob)
+        entry["top_logprobs"] = [_token_entry(decode, t, lp) for t, lp in top[i]] if top is not None else []
+        out.append(entry)
     return out
 
 
@@ -62,16 +77,27 @@ def chat_choice(
     text: str,
     parse: Callable[[str, Sequence[int]], ParsedReply] | None,
     logprobs: list[dict] | None,
+    reasoning_markers: tuple[str, str] | None,
+    forced: str | None = None,
 ) -> dict[str, Any]:
-    """One ``choices[i]`` dict (message, finish_reason, extras)."""
-    reasoning, content = split_reasoning(text)
+    """One ``choices[i]`` dict (message, finish_reason, extras).
+
+    ``forced``: the reply continues a prefilled tool-call opener (``tool_choice`` required: "", or
+    the named function), so it is a tool call even when the model wrote it too badly to parse; the
+    raw text then becomes the call's arguments, for the environment to answer with an error.
+    """
+    reasoning, content = split_reasoning(text, reasoning_markers)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     finish_reason: str = sample.finish_reason
     if parse is not None:
         parsed = parse(content, sample.token_ids)
-        if parsed.tool_calls:
+        calls = parsed.tool_calls
+        if not calls and forced is not None:
+            calls = [ParsedToolCall(tool_call_id(sample.token_ids, 0), forced, content, valid=False)]
+            parsed = ParsedReply(None, calls)
+        if calls:
             message["content"] = parsed.content
-            message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
+            message["tool_calls"] = [call.to_openai() for call in calls]
             finish_reason = "tool_calls"
     message["reasoning_content"] = reasoning
     return {
@@ -98,7 +124,9 @@ def completion_choice(index: int, sample: Sample, text: str, logprobs: list[dict
             "tokens": [e["token"] for e in logprobs],
             "token_logprobs": [e["logprob"] for e in logprobs],
             "text_offset": offsets,
-            "top_logprobs": None,
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in logprobs]
+            if logprobs and logprobs[0]["top_logprobs"]
+            else None,
         }
     return choice
 

@@ -1,9 +1,16 @@
-"""Structured tool calls parsed out of sampled text, for the two families open models use.
+"""Structured tool calls parsed out of sampled text, one parser per tool-call format open models use.
 
 - ``hermes`` (Hermes, Qwen2.5, Qwen3, the tiny model): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   several per message, optionally after some plain text.
 - ``llama3_json`` (Llama 3.x): the whole reply is a JSON object ``{"name": ..., "parameters": {...}}`` (or
   several separated by ``;``), optionally after ``<|python_tag|>``.
+- ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name": ..., "arguments": {...}}``.
+- ``deepseek_v3``: full-width markup, ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` then the arguments
+  in a fenced JSON block, one such block per call inside ``<｜tool▁calls▁begin｜>...<｜tool▁calls▁end｜>``.
+
+Each format also names its *opener* (``ToolFormat.opener``): the text a reply starts with when it
+calls a tool. ``tool_choice="required"`` or a named function is enforced by appending that opener to
+the prompt, the same text the model would have produced itself, so no constrained decoding is needed.
 
 Two choices matter for RL:
 - ids are derived from the sampled token ids and the call index, so the same sample always yields
@@ -22,11 +29,19 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-TOOL_PARSERS = ("hermes", "llama3_json")
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "deepseek_v3")
 
 _HERMES_OPEN = "<tool_call>"
 _HERMES_CLOSE = "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
+_MISTRAL_OPEN = "[TOOL_CALLS]"
+DEEPSEEK_CALLS_OPEN = "<｜tool▁calls▁begin｜>"
+DEEPSEEK_CALLS_CLOSE = "<｜tool▁calls▁end｜>"
+DEEPSEEK_CALL_OPEN = "<｜tool▁call▁begin｜>"
+DEEPSEEK_CALL_CLOSE = "<｜tool▁call▁end｜>"
+DEEPSEEK_SEP = "<｜tool▁sep｜>"
+_DEEPSEEK_FENCE_OPEN = "\n```json\n"
+_DEEPSEEK_FENCE_CLOSE = "\n```"
 _NAME_RE = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _DECODER = json.JSONDecoder()
 
@@ -155,15 +170,112 @@ def parse_llama3_json(text: str, token_ids: Sequence[int]) -> ParsedReply:
     return ParsedReply(None, calls)
 
 
-_PARSERS: dict[str, Callable[[str, Sequence[int]], ParsedReply]] = {
-    "hermes": parse_hermes,
-    "llama3_json": parse_llama3_json,
-}
+def parse_mistral(text: str, token_ids: Sequence[int]) -> ParsedReply:
+    """``[TOOL_CALLS]`` followed by a JSON list of calls (a single object is accepted too)."""
+    start = text.find(_MISTRAL_OPEN)
+    if start < 0:
+        return ParsedReply(text, [])
+    body = text[start + len(_MISTRAL_OPEN) :].strip()
+    content = text[:start] or None
+    try:
+        value, end = _DECODER.raw_decode(body)
+        items = value if isinstance(value, list) else [value]
+        if (
+            body[end:].strip()
+            or not items
+            or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items)
+        ):
+            raise ValueError("not a list of tool-call objects")
+    except ValueError:
+        return ParsedReply(content, [_call_from_json(body, token_ids, 0, ("arguments",))])
+    calls = [
+        ParsedToolCall(tool_call_id(token_ids, i), item["name"], _dump_arguments(item.get("arguments", {})))
+        for i, item in enumerate(items)
+    ]
+    return ParsedReply(content, calls)
+
+
+def _deepseek_call(block: str, token_ids: Sequence[int], index: int) -> ParsedToolCall:
+    """``function<｜tool▁sep｜>NAME\n```json\nARGS\n``` `` (possibly truncated) -> one call."""
+    call_id = tool_call_id(token_ids, index)
+    sep = block.find(DEEPSEEK_SEP)
+    rest = block[sep + len(DEEPSEEK_SEP) :] if sep >= 0 else block
+    name, fence, arguments = rest.partition(_DEEPSEEK_FENCE_OPEN)
+    if sep < 0 or not fence:
+        return ParsedToolCall(call_id, name if sep >= 0 else "", block, valid=False)
+    arguments = (
+        arguments[: -len(_DEEPSEEK_FENCE_CLOSE)] if arguments.endswith(_DEEPSEEK_FENCE_CLOSE) else arguments
+    )
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return ParsedToolCall(call_id, name, arguments, valid=False)
+    return ParsedToolCall(call_id, name, arguments)
+
+
+def parse_deepseek_v3(text: str, token_ids: Sequence[int]) -> ParsedReply:
+    """Every ``<｜tool▁call▁begin｜>...<｜tool▁call▁end｜>`` after ``<｜tool▁calls▁begin｜>``; the
+    arguments are kept as sampled (the template prints them verbatim inside the fence)."""
+    start = text.find(DEEPSEEK_CALLS_OPEN)
+    if start < 0:
+        return ParsedReply(text, [])
+    calls: list[ParsedToolCall] = []
+    pos = text.find(DEEPSEEK_CALL_OPEN, start)
+    while pos >= 0:
+        body_start = pos + len(DEEPSEEK_CALL_OPEN)
+        end = text.find(DEEPSEEK_CALL_CLOSE, body_start)
+        calls.append(
+            _deepseek_call(text[body_start:] if end < 0 else text[body_start:end], token_ids, len(calls))
+        )
+        if end < 0:
+            break
+        pos = text.find(DEEPSEEK_CALL_OPEN, end)
+    if not calls:  # the opener alone: a call the model began but never wrote
+        calls.append(ParsedToolCall(tool_call_id(token_ids, 0), "", text[start:], valid=False))
+    return ParsedReply(text[:start] or None, calls)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """A tool-call format: its parser, and the text a reply calling a tool starts with.
+
+    ``opener_any`` begins a call to a function the model still names itself; ``opener_named`` (with
+    ``{name}``) begins a call to that function, ready for its arguments. Both are what the format's
+    own template prints, so a prefilled call renders back the way it was sampled.
+    """
+
+    name: str
+    parse: Callable[[str, Sequence[int]], ParsedReply]
+    opener_any: str
+    opener_named: str
+
+    def opener(self, function: str | None) -> str:
+        if function is None:
+            return self.opener_any
+        return self.opener_named.replace("{name}", json.dumps(function, ensure_ascii=False)[1:-1])
+
+
+TOOL_FORMATS: dict[str, ToolFormat] = {
+    "hermes": ToolFormat("hermes", parse_hermes, '<tool_call>\n{"name": "', '<tool_call>\n{"name": "{name}", "arguments": '),
+    "llama3_json": ToolFormat("llama3_json", parse_llama3_json, '{"name": "', '{"name": "{name}", "parameters": '),
+    "mistral": ToolFormat("mistral", parse_mistral, '[TOOL_CALLS] [{"name": "', '[TOOL_CALLS] [{"name": "{name}", "arguments": '),
+    "deepseek_v3": ToolFormat(
+        "deepseek_v3",
+        parse_deepseek_v3,
+        f"{DEEPSEEK_CALLS_OPEN}{DEEPSEEK_CALL_OPEN}function{DEEPSEEK_SEP}",
+        f"{DEEPSEEK_CALLS_OPEN}{DEEPSEEK_CALL_OPEN}function{DEEPSEEK_SEP}{{name}}{_DEEPSEEK_FENCE_OPEN}",
+    ),
+}  # fmt: skip
+
+
+def get_tool_format(name: str) -> ToolFormat:
+    """The tool-call format called ``name``; an unknown name is one sentence listing the known ones."""
+    try:
+        return TOOL_FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool_parser '{name}'; choose one of: {', '.join(TOOL_PARSERS)}.") from None
 
 
 def get_tool_parser(name: str) -> Callable[[str, Sequence[int]], ParsedReply]:
     """The parser function for ``name``; an unknown name is one sentence listing the known ones."""
-    try:
-        return _PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool_parser '{name}'; choose one of: {', '.join(TOOL_PARSERS)}.") from None
+    return get_tool_format(name).parse

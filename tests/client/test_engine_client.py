@@ -76,20 +76,38 @@ async def test_max_tokens_defaults_to_the_rest_of_the_context_window(make_client
     assert engine.calls[-1].params.max_tokens == 100 - len(r.prompt_token_ids)  # clamped to the window
 
 
+async def test_an_engine_without_alternatives_refuses_top_logprobs_in_one_sentence(make_client):
+    client, engine = make_client()  # the scripted engine, like Tinker's or verl's, returns no alternatives
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="m", messages=USER, logprobs=True, top_logprobs=2)
+    assert (
+        info.value.message
+        == "the 'scripted' engine returned no top_logprobs, so it cannot serve them; drop top_logprobs."
+    )
+    assert info.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(model="m", prompt="hi", logprobs=2)
+    assert info.value.param == "logprobs"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"stream": True}, "stream"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": -1.0}, "frequency_penalty"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
-        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
-        ({"tool_choice": "required", "tools": [ADD_TOOL]}, "tool_choice"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=True
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+        ({"tool_choice": "sometimes", "tools": [ADD_TOOL]}, "tool_choice"),
         (
-            {"tool_choice": {"type": "function", "function": {"name": "add"}}, "tools": [ADD_TOOL]},
+            {"tool_choice": {"type": "function", "function": {"name": "mul"}}, "tools": [ADD_TOOL]},
             "tool_choice",
         ),
         ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
@@ -223,7 +241,7 @@ async def test_llama3_parser_is_selectable(make_client):
     r = await client.chat.completions.create(model="m", messages=USER, tools=[ADD_TOOL])
     assert r.choices[0].message.tool_calls[0].function.name == "add"
     with pytest.raises(ValueError, match="unknown tool_parser"):
-        make_client(tool_parser="mistral")
+        make_client(tool_parser="xml")
 
 
 async def test_stop_token_id_is_not_shown_in_content(make_client, tok):

@@ -67,8 +67,10 @@ async def test_errors_are_openai_error_json(served):
     with pytest.raises(openai.BadRequestError) as info:
         await remote.chat.completions.create(model="bridges", messages=USER, extra_body={"min_p": 0.1})
     assert info.value.param == "min_p"
-    with pytest.raises(openai.BadRequestError, match="'stream'=True"):
-        await remote.chat.completions.create(model="bridges", messages=USER, stream=True)
+    with pytest.raises(openai.BadRequestError, match="include_usage"):
+        await remote.chat.completions.create(
+            model="bridges", messages=USER, stream=True, stream_options={"include_usage": "yes"}
+        )
     engine.max_model_len = 16
     with pytest.raises(openai.BadRequestError) as info:
         await remote.chat.completions.create(model="bridges", messages=USER)

@@ -134,8 +134,9 @@ async def test_logprobs_line_up_with_token_ids(path, tool_case):
     [
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"presence_penalty": 1.0}, "presence_penalty"),
-        ({"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"extra_body": {"min_p": 0.1}}, "min_p"),
     ],
 )

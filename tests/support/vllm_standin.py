@@ -57,6 +57,14 @@ class _Worker(WeightSyncExtension):
         self.model_runner = SimpleNamespace(model=_LoadsHFNames(model))
 
 
+def _position(token: int, logprob: float, top: list[tuple[int, float]]) -> dict[int, Any]:
+    """One position as vLLM returns it: the top-k alternatives plus the sampled id (k + 1 entries
+    when the sampled id ranks below the top k)."""
+    entry = {t: SimpleNamespace(logprob=lp) for t, lp in top}
+    entry[token] = SimpleNamespace(logprob=logprob)
+    return entry
+
+
 class HFAsyncLLM:
     """``AsyncLLM``'s generate / collective_rpc / reset_prefix_cache / shutdown over an ``HFEngine``."""
 
@@ -69,17 +77,17 @@ class HFAsyncLLM:
                        lora_request: Any = None) -> AsyncIterator[Any]:  # fmt: skip
         kw = vars(sampling_params)
         self.requests.append(dict(kw))
-        assert kw["logprobs"] == 0 and kw["n"] >= 1 and request_id
+        assert kw["n"] >= 1 and request_id
         params = SamplingParams(max_tokens=kw["max_tokens"], temperature=kw["temperature"], top_p=kw["top_p"],
                                 top_k=max(0, kw["top_k"]), stop=kw.get("stop") or [],
-                                stop_token_ids=kw.get("stop_token_ids") or [], seed=kw.get("seed"))  # fmt: skip
+                                stop_token_ids=kw.get("stop_token_ids") or [], seed=kw.get("seed"),
+                                top_logprobs=kw["logprobs"])  # fmt: skip
         samples = await self.hf.generate(list(prompt["prompt_token_ids"]), params, kw["n"])
         outputs = [
             SimpleNamespace(
                 token_ids=s.token_ids,
-                logprobs=[
-                    {t: SimpleNamespace(logprob=lp)} for t, lp in zip(s.token_ids, s.logprobs, strict=True)
-                ],
+                logprobs=[_position(t, lp, s.top_logprobs[i] if s.top_logprobs else [])
+                          for i, (t, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True))],  # fmt: skip
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_str,
             )

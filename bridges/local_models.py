@@ -1,0 +1,51 @@
+"""Where locally built models live: one cache folder, built once per key, atomically.
+
+``model=tiny`` and the ``tiny-<family>`` models are built on this machine (nothing can be
+downloaded). Each build goes to a staging folder and is renamed into place, so two processes
+starting together (a trainer and its rollout workers) never see half a model; the loser of the race
+discards its identical copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TINY_ARCHITECTURE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "head_dim": 16,
+}
+"""The random Llama-architecture model every built-in model uses (a few MB besides the embedding)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BRIDGES_CACHE_DIR", Path.home() / ".cache" / "rl-bridges"))
+
+
+def cached_build(name: str, key: object, build: Callable[[Path], object]) -> Path:
+    """The folder ``<cache>/<name>-<digest of key>``, made by ``build(staging_folder)`` on first use."""
+    digest = hashlib.sha1(repr(key).encode()).hexdigest()[:10]
+    target = cache_dir() / f"{name}-{digest}"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build(staging)
+        with contextlib.suppress(OSError):  # another process won the race; its copy is identical
+            staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
