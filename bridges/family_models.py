@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import require_extra
-from bridges.local_models import TINY_ARCHITECTURE, cached_build
+from bridges.local_models import cached_build, save_random_model
 
 _BUILD_VERSION = "2"
 _QWEN_PATTERN = (
@@ -231,24 +231,11 @@ def _boost_markup(model: Any, tokenizer: Any, boosted: tuple[str, ...]) -> None:
 
 def build_family_model(name: str, output_dir: str | Path, seed: int = 0) -> Path:
     """Build, randomly initialise (seeded) and save ``name``'s tiny model and tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     fixture = FIXTURES[name]
     tokenizer = fixture.tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         **TINY_ARCHITECTURE)  # fmt: skip
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    _boost_markup(model, tokenizer, fixture.boosted)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_model(
+        tokenizer, output_dir, seed, lambda model: _boost_markup(model, tokenizer, fixture.boosted)
+    )
 
 
 def family_model_path(name: str, seed: int = 0) -> Path:

@@ -49,3 +49,35 @@ def cached_build(name: str, key: object, build: Callable[[Path], object]) -> Pat
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def save_random_model(
+    tokenizer: Any,
+    output_dir: str | os.PathLike[str],
+    seed: int,
+    init: Callable[[Any], None] | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """A seeded random ``TINY_ARCHITECTURE`` model over ``tokenizer``'s vocabulary (``init`` may adjust
+    its weights), saved with the tokenizer to ``output_dir`` and loadable by ``from_pretrained``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{**TINY_ARCHITECTURE, **config_overrides},
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    if init is not None:
+        init(model)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridges.types import MAX_TOP_LOGPROBS
+
 _ERROR = {
     "type": "object",
     "required": ["error"],
@@ -71,6 +73,8 @@ def _sampling(max_n: int) -> dict[str, Any]:
             "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}}]
         },
         "top_k": {"type": "integer", "minimum": -1},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     }
 
 
@@ -81,7 +85,13 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
 def _responses(ok: str) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ERROR}}}
     return {
-        "200": {"description": ok, "content": {"application/json": {"schema": {"type": "object"}}}},
+        "200": {
+            "description": ok,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},  # stream=true
+            },
+        },
         "400": {"description": "a request the server refuses, with the field named", **error},
         "401": {"description": "missing or wrong API key", **error},
         "404": {"description": "unknown model or path", **error},
@@ -101,7 +111,24 @@ def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any],
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "logprobs": {"type": "boolean"},
             "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"type": "string", "enum": ["auto", "none"]},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "tool_choice": {
+                "oneOf": [
+                    {"type": "string", "enum": ["auto", "none", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "function"],
+                        "properties": {
+                            "type": {"type": "string", "enum": ["function"]},
+                            "function": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}},
+                            },
+                        },
+                    },
+                ]
+            },
             "return_drift": {"type": "boolean"},
             **_sampling(max_n),
         },
@@ -113,7 +140,7 @@ def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any],
         "properties": {
             "model": model,
             "prompt": {"oneOf": [{"type": "string"}, token_ids]},
-            "logprobs": {"type": "integer", "enum": [0]},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
             **_sampling(max_n),
         },
     }

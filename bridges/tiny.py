@@ -25,7 +25,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from bridges.local_models import TINY_ARCHITECTURE, cached_build
+from bridges.local_models import TINY_ARCHITECTURE, cached_build, save_random_model
 
 TINY_MODEL_NAME = "tiny"
 FAMILY_MODEL_NAMES = ("tiny-qwen2.5", "tiny-qwen3", "tiny-llama3", "tiny-mistral", "tiny-deepseek-v3")
@@ -110,26 +110,7 @@ def build_tiny_tokenizer() -> Any:
 
 def build_tiny_model(output_dir: str | os.PathLike[str], seed: int = 0, **config_overrides: Any) -> Path:
     """Build, randomly initialise (seeded) and save the tiny model + tokenizer to ``output_dir``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **{**DEFAULT_TINY_CONFIG, **config_overrides},
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_model(build_tiny_tokenizer(), output_dir, seed, **config_overrides)
 
 
 def tiny_model_path(seed: int = 0, **config_overrides: Any) -> Path:

@@ -49,3 +49,12 @@ def test_trl_drop_in_trains_a_multi_turn_env(tmp_path: Path):
     assert last.startswith("trained 2 steps on guess_number: reward ")
     lines = (EXAMPLES / "trl_drop_in.py").read_text().splitlines()
     assert sum("# rl-bridges" in line for line in lines) <= 3  # the drop-in promise
+
+
+def test_streaming_agent_forces_a_call_and_extends_the_ledger():
+    result = run(str(EXAMPLES / "streaming_agent.py"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("family: qwen3; streamed call: lookup(")
+    assert lines[1].startswith("top-3 alternatives of the first sampled token: [")
+    assert "exactly turn 1's prompt + sample" in lines[2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import subprocess
 import sys
@@ -57,3 +58,33 @@ def test_module_imports_without_vllm_and_engine_names_the_extra():
 
     with pytest.raises(MissingExtraError, match=r"pip install 'rl-bridges\[vllm\]'"):
         VLLMEngine.from_pretrained("tiny")
+
+
+def test_top_logprobs_ask_vllm_for_alternatives_and_keep_the_best_k():
+    assert sampling_kwargs(SamplingParams(top_logprobs=3), n=1)["logprobs"] == 3
+    # vLLM returns the top k plus the sampled id when it ranks lower: k + 1 entries at that position
+    lp = SimpleNamespace
+    entries = [{9: lp(logprob=-0.1), 4: lp(logprob=-2.0), 5: lp(logprob=-3.0)},
+               {6: lp(logprob=-4.0), 1: lp(logprob=-0.5), 3: lp(logprob=-1.0)}]  # fmt: skip
+    completion = SimpleNamespace(token_ids=[9, 6], logprobs=entries, finish_reason="stop", stop_reason=None)
+    [sample] = samples_from_output(SimpleNamespace(outputs=[completion]), 0, top_k=2)
+    assert sample.logprobs == [-0.1, -4.0]
+    assert sample.top_logprobs == [[(9, -0.1), (4, -2.0)], [(1, -0.5), (3, -1.0)]]
+    [plain] = samples_from_output(SimpleNamespace(outputs=[completion]), 0)
+    assert plain.top_logprobs is None
+
+
+def test_engines_without_alternatives_refuse_top_logprobs_in_one_sentence():
+    from bridges.adapters.tinker.engine import tinker_sampling_params
+    from bridges.adapters.verl.engine import VerlServerEngine
+    from bridges.errors import UnsupportedRequestError
+
+    with pytest.raises(
+        UnsupportedRequestError, match="^the Tinker engine returns only the sampled token's logprob"
+    ):
+        tinker_sampling_params(SamplingParams(top_logprobs=2), set())
+    engine = object.__new__(VerlServerEngine)
+    with pytest.raises(
+        UnsupportedRequestError, match="^verl's rollout servers return only the sampled token's"
+    ):
+        asyncio.run(engine.generate([1, 2], SamplingParams(top_logprobs=2)))

@@ -21,10 +21,12 @@ BACKENDS = {
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_each_backend_logs_the_shared_metric_names(
-    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     assert main([*BACKENDS[backend], *SMALL, f"output_dir={tmp_path}", "run_name=r"]) == 0
+    # every run starts with bridges.check's one-line verdict on the model's chat template
+    assert "template check: safe: prefix-preserving, ledger extends every turn" in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

@@ -111,6 +111,27 @@ async def test_n_samples_with_one_finite_logprob_per_token(engine: Any):
         assert all(isinstance(t, int) and 0 <= t < len(engine.tokenizer) for t in sample.token_ids)
 
 
+async def test_top_logprobs_are_served_or_refused_in_one_sentence(engine: Any):
+    """k alternatives per position, best first, from the distribution the sampled id's logprob comes
+    from; or an ``UnsupportedRequestError`` before any work (Tinker's and verl's samplers)."""
+    from bridges.errors import UnsupportedRequestError
+
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=5, top_logprobs=3)
+    try:
+        [sample] = await engine.generate(prompt(engine.tokenizer), params)
+    except UnsupportedRequestError as refused:
+        assert str(refused).count(".") == 1 and "top_logprobs" in str(refused)
+        return
+    assert sample.top_logprobs is not None and len(sample.top_logprobs) == len(sample.token_ids)
+    for token, logprob, top in zip(sample.token_ids, sample.logprobs, sample.top_logprobs, strict=True):
+        values = [v for _, v in top]
+        assert len(top) == 3 and values == sorted(values, reverse=True)
+        if token in dict(top):
+            assert dict(top)[token] == pytest.approx(logprob, abs=1e-5)
+        else:
+            assert logprob <= values[-1] + 1e-5
+
+
 async def test_max_tokens_bounds_every_sample(engine: Any):
     for cap in (1, 3):
         samples = await engine.generate(prompt(engine.tokenizer), SamplingParams(max_tokens=cap, seed=1), n=2)

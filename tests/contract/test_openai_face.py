@@ -102,14 +102,11 @@ async def test_streamed_completion(path):
 
 
 async def test_top_logprobs_rank_the_distribution_the_token_was_drawn_from(path, tool_case):
-    r = await path.client.chat.completions.create(
-        model="tiny-tool",
-        messages=tool_case.prompt,
-        logprobs=True,
-        top_logprobs=5,
-        temperature=0.0,
-        max_tokens=6,
-    )
+    def ask(k: int, temperature: float, **kwargs: Any) -> Any:
+        return path.client.chat.completions.create(model="tiny-tool", messages=tool_case.prompt, logprobs=True,
+                                                   top_logprobs=k, temperature=temperature, max_tokens=6, **kwargs)  # fmt: skip
+
+    r = await ask(5, 0.0)
     entries = r.choices[0].logprobs.content
     assert len(entries) == len(r.choices[0].token_ids)
     for entry in entries:
@@ -118,15 +115,7 @@ async def test_top_logprobs_rank_the_distribution_the_token_was_drawn_from(path,
         assert entry.top_logprobs[0].token == entry.token  # greedy: the sampled token ranks first
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
         assert math.fsum(math.exp(v) for v in values) <= 1.0 + 1e-5
-    sampled = await path.client.chat.completions.create(
-        model="tiny-tool",
-        messages=tool_case.prompt,
-        logprobs=True,
-        top_logprobs=20,
-        temperature=1.0,
-        max_tokens=6,
-        seed=3,
-    )
+    sampled = await ask(20, 1.0, seed=3)
     for entry in sampled.choices[0].logprobs.content:
         listed = {t.token: t.logprob for t in entry.top_logprobs}
         assert len(entry.top_logprobs) == 20
