@@ -50,7 +50,7 @@ class EvalConfig:
         "tiny", help="'tiny', a local checkpoint folder, a hub id, or the endpoint's model name"
     )
     engine: str = option(
-        "hf", choices=("hf", "openai"), help="hf: a local model, token-exact; openai: any endpoint"
+        "hf", help="hf: a local model, token-exact; openai: any endpoint; module:Class: your own engine"
     )
     base_url: str | None = option(None, help="engine=openai: the endpoint (default: the SDK's)")
     api_key_var: str = option(
@@ -76,8 +76,16 @@ def validate(config: EvalConfig, output: Path) -> None:
     if config.num_examples == 0:
         raise ConfigError(f"num_examples must be positive or -1 (all), got {config.num_examples}.")
     check_writable_folder(output, "output")
-    if config.engine == "hf":
+    if config.engine not in ("hf", "openai") and ":" not in config.engine:
+        raise ConfigError(
+            f"engine must be hf, openai or module:Class (your own engine), got '{config.engine}'."
+        )
+    if config.engine != "openai":
         check_model(config.model)
+    if ":" in config.engine:
+        from bridges.engines import engine_class
+
+        engine_class(config.engine)  # an unimportable path is one sentence, before anything runs
 
 
 # ---------------------------------------------------------------- saved results (resume)
@@ -199,7 +207,7 @@ def build_client(config: EvalConfig) -> Any:
     from bridges.engines import load_engine
 
     torch.manual_seed(config.seed)
-    return EngineClient(load_engine("hf", config.model), model_name=config.model)
+    return EngineClient(load_engine(config.engine, config.model), model_name=config.model)
 
 
 def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     split = env.get_eval_dataset if config.split == "eval" else env.get_dataset
     dataset = split(n=config.num_examples)
     sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
-    token_ids = config.engine == "hf"
+    token_ids = config.engine != "openai"
     # a missing API key fails here, before any work; a local model loads only if something is left to do
     remote = build_client(config) if config.engine == "openai" else None
     output.mkdir(parents=True, exist_ok=True)

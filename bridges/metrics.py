@@ -115,22 +115,28 @@ def saved_figure(path: Path, size: tuple[float, float] = (6, 3.5)) -> Iterator[A
 
 def plot_reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """A PNG of per-step mean reward with a moving average; None when there is nothing to plot."""
-    points = [(r["step"], r["reward/mean"]) for r in rows if r.get("reward/mean") is not None]
+    return plot_curve(rows, "reward/mean", "reward", path, title)
+
+
+def plot_curve(rows: list[dict[str, Any]], key: str, label: str, path: Path, title: str) -> Path | None:
+    """A PNG of ``key`` per step with a moving average; None when no row has it."""
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
     if not points:
         return None
-    steps, rewards = zip(*points, strict=True)
-    window = max(1, len(rewards) // 10)
+    steps, values = zip(*points, strict=True)
+    window = max(1, len(values) // 10)
     smooth = [
-        sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
-        for i in range(len(rewards))
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
     ]
     with saved_figure(path) as ax:
-        ax.plot(steps, rewards, alpha=0.35, label="mean reward")
+        ax.plot(steps, values, alpha=0.35, label=label)
         ax.plot(steps, smooth, linewidth=2, label=f"moving average ({window})")
         ax.set_xlabel("step")
-        ax.set_ylabel("reward")
-        ax.set_ylim(-0.02, 1.02 if max(rewards) <= 1 else None)
+        ax.set_ylabel(label)
+        if key == "reward/mean":
+            ax.set_ylim(-0.02, 1.02 if max(values) <= 1 else None)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right" if key == "reward/mean" else "upper right")
     return path

@@ -58,3 +58,14 @@ def test_streaming_agent_forces_a_call_and_extends_the_ledger():
     assert lines[0].startswith("family: qwen3; streamed call: lookup(")
     assert lines[1].startswith("top-3 alternatives of the first sampled token: [")
     assert "exactly turn 1's prompt + sample" in lines[2]
+
+
+def test_recipe_each_stage_beats_the_one_before(tmp_path: Path):
+    """eval -> teacher rollouts -> export -> SFT -> eval -> RL -> eval, as the README shows it."""
+    result = subprocess.run([sys.executable, str(EXAMPLES / "recipe_warmup.py"), str(tmp_path / "recipe")],
+                            cwd=EXAMPLES, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = dict(pair.split("=") for pair in result.stdout.strip().splitlines()[-1].split())
+    before, after_sft, after_rl = (float(scores[k]) for k in ("before", "after_sft", "after_rl"))
+    assert before < 0.05 < after_sft < after_rl

@@ -2,8 +2,8 @@
 
 core (``bridges`` types, envs, rubric, parsers, messages, client, registry, config, ...)
   <- ``bridges.environments`` <- ``bridges.workflows`` <- ``bridges.adapters``
-  <- applications (the grpo trainer, the CLIs train / eval / compare / serve / rescore / check, and
-  the fidelity run).
+  <- applications (the grpo trainer, the CLIs train / eval / compare / serve / rescore / check /
+  init / export / sft, and the fidelity run).
 
 Every ``import`` counts, module level or inside a function (a function-level import is still a
 dependency; it only moves the failure to run time). Backends and engines are reached from the
@@ -21,7 +21,7 @@ FOLDERS = {"bridges": "bridges", "environments": "bridges.environments", "workfl
            "adapters": "bridges.adapters"}  # fmt: skip
 APPLICATIONS = ("bridges.grpo", "bridges.train", "bridges.eval", "bridges.compare", "bridges.compare_report",
                 "bridges.serve", "bridges.serve_schema", "bridges.rescore", "bridges.check",
-                "bridges.fidelity")  # fmt: skip
+                "bridges.fidelity", "bridges.init", "bridges.export", "bridges.sft")  # fmt: skip
 LAYER_NAMES = ["core", "environments", "workflows", "adapters", "applications"]
 
 

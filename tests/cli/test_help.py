@@ -14,7 +14,8 @@ from bridges.config import run_cli
 CLIS = {
     "bridges.train": "TrainConfig", "bridges.eval": "EvalConfig", "bridges.serve": "ServeConfig",
     "bridges.compare": "CompareConfig", "bridges.rescore": "RescoreConfig",
-    "bridges.adapters.tinker.server": "TinkerServerConfig",
+    "bridges.adapters.tinker.server": "TinkerServerConfig", "bridges.check": "CheckConfig",
+    "bridges.export": "ExportConfig", "bridges.sft": "SFTRunConfig",
 }  # fmt: skip
 
 
