@@ -144,6 +144,7 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     from trl import GRPOTrainer
 
     from bridges.adapters.trl import trl_trainer_kwargs
+    from bridges.adapters.trl.checkpoints import resume_point
     from bridges.metrics import MetricsLogger, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
@@ -155,13 +156,8 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     t = config.trainer
-    resume = None
-    if config.resume:
-        checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        resume = str(checkpoints[-1]) if checkpoints else None
-        if resume is None:
-            print(f"resume=true but {run_dir} has no checkpoint; starting from step 0.")
-    logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=_step_of(resume))
+    resume, step = resume_point(run_dir, config.resume)
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
     trainer = GRPOTrainer(
         model=model,
         args=args,
@@ -178,10 +174,6 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         logger.rows, run_dir, f"{config.env} · {config.model} · trl", ["metrics.jsonl", "TRL checkpoints"]
     )
     return 0
-
-
-def _step_of(checkpoint: str | None) -> int:
-    return int(checkpoint.rsplit("-", 1)[-1]) if checkpoint else 0
 
 
 BACKEND = Backend(

@@ -63,19 +63,14 @@ def run_sft(config: Any, run_dir: Path) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
+    from bridges.adapters.trl.checkpoints import resume_point
     from bridges.metrics import MetricsLogger, plot_curve
     from bridges.tiny import resolve_model_path
     from bridges.train_config import lora_config
 
     path = resolve_model_path(config.model)
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    resume = None
-    if config.resume:
-        checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        resume = str(checkpoints[-1]) if checkpoints else None
-        if resume is None:
-            print(f"resume=true but {run_dir} has no checkpoint; starting from step 0.")
-    step = int(resume.rsplit("-", 1)[-1]) if resume else 0
+    resume, step = resume_point(run_dir, config.resume)
     logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
     trainer = SFTTrainer(model=model, args=_sft_args(config, run_dir), train_dataset=training_rows(config.data),
                          processing_class=tokenizer, peft_config=lora_config(config.trainer),

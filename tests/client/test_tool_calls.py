@@ -101,5 +101,8 @@ def test_llama3_json_plain_text_and_non_call_json_are_not_calls():
 
 
 def test_unknown_parser_is_one_sentence():
-    with pytest.raises(ValueError, match="unknown tool_parser 'xml'; choose one of: hermes, llama3_json, mistral, deepseek_v3"):
+    with pytest.raises(
+        ValueError,
+        match="unknown tool_parser 'xml'; choose one of: hermes, llama3_json, mistral, deepseek_v3",
+    ):
         get_tool_parser("xml")

@@ -86,8 +86,10 @@ class HFAsyncLLM:
         outputs = [
             SimpleNamespace(
                 token_ids=s.token_ids,
-                logprobs=[_position(t, lp, s.top_logprobs[i] if s.top_logprobs else [])
-                          for i, (t, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True))],  # fmt: skip
+                logprobs=[
+                    _position(t, lp, s.top_logprobs[i] if s.top_logprobs else [])
+                    for i, (t, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True))
+                ],  # fmt: skip
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_str,
             )
