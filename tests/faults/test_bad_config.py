@@ -89,7 +89,15 @@ EVAL = [
     (["env_args.num_eval=0"], "environment 'repeat_letter' has an empty eval dataset"),
     (["env=reverse_txt"], "no environment 'reverse_txt' (did you mean 'reverse_text'?)"),
     (["model=/no/such/model"], "model '/no/such/model' does not exist"),
-    (["engine=bogus"], "engine must be one of hf, openai; got 'bogus'."),
+    (["engine=bogus"], "engine must be hf, openai or module:Class (your own engine), got 'bogus'."),
+    (
+        ["engine=nosuchmodule:Engine"],
+        "engine 'nosuchmodule:Engine': module 'nosuchmodule' cannot be imported",
+    ),
+    (
+        ["engine=json:JSONDecoder"],
+        "engine 'json:JSONDecoder' names no class with from_pretrained(model, **options) in 'json'.",
+    ),
     (["config={malformed}"], "is not valid YAML"),
 ]
 
