@@ -13,6 +13,7 @@ first wave's results dropped; RSS growth over the second wave, per finished roll
 long run would accumulate (the token ledger is bounded, LRU). The reported seconds are wave 1's.
 
 Last line: rollouts=<int> seconds=<float> ideal_seconds=<float> efficiency=<ideal/seconds> peak_rss_mb=<float>
+cpu_us_per_call=<float> (the process's CPU time over wave 1 per model call)
 """
 
 from __future__ import annotations
@@ -73,13 +74,14 @@ async def run(rollouts: int, turns: int, latency: float) -> None:
     engine = LatencyEngine(build_tiny_tokenizer(), latency)
     client = EngineClient(engine, model_name="latency")
     rss = [rss_mb()]
-    timings = []
+    timings, cpu_seconds = [], []
     for _ in range(
         2
     ):  # the same 10,000 rollouts twice; the first wave's results are dropped before the second
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = await env.generate(rows, client, "latency", max_concurrent=rollouts, progress=False)
         timings.append(time.perf_counter() - started)
+        cpu_seconds.append(time.process_time() - cpu_started)
         assert len(result.states) == rollouts
         assert all(len(s.turns) == turns and not s.errored for s in result.states)
         del result
@@ -103,7 +105,7 @@ async def run(rollouts: int, turns: int, latency: float) -> None:
     )
     print(
         f"rollouts={rollouts} seconds={seconds:.3f} ideal_seconds={ideal:.3f} efficiency={ideal / seconds:.4f} "
-        f"peak_rss_mb={peak:.1f}"
+        f"peak_rss_mb={peak:.1f} cpu_us_per_call={cpu_seconds[0] / (rollouts * turns) * 1e6:.1f}"
     )
 
 

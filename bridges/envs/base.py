@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridges.asyncutils import LoopSemaphore, maybe_await, run_sync
 from bridges.errors import ConfigError
+from bridges.gc_policy import relaxed_gc
 from bridges.messages import to_message_dicts
 from bridges.parsers import Parser
 from bridges.rubric import Rubric, as_finite_reward
@@ -435,14 +436,15 @@ class Environment:
                     bar.set_postfix(reward=f"{sum(valid) / len(valid):.3f}", refresh=False)
 
         tasks = [asyncio.ensure_future(one(i, row)) for i, row in enumerate(row_list)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if bar is not None:
-                bar.close()
+        with relaxed_gc():  # thousands of live rollouts: see bridges/gc_policy.py
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if bar is not None:
+                    bar.close()
         states = [s for group in results if group is not None for s in group]
         return GenerateResult(
             states=states,

@@ -1,0 +1,49 @@
+"""relaxed_gc: raised while any rollout batch runs (nested, concurrent), the caller's setting restored."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from bridges.gc_policy import ROLLOUT_GC_THRESHOLD, relaxed_gc
+
+
+def test_threshold_raised_inside_and_restored_after_nesting():
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 11, 12)
+    try:
+        with relaxed_gc():
+            assert gc.get_threshold() == (ROLLOUT_GC_THRESHOLD, 11, 12)
+            with relaxed_gc():
+                assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD
+            assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD  # the outer batch still runs
+        assert gc.get_threshold() == (700, 11, 12)
+        gc.set_threshold(0, 10, 10)  # a caller who disabled automatic collection keeps it disabled
+        with relaxed_gc():
+            assert gc.get_threshold()[0] == 0
+        gc.set_threshold(200_000, 10, 10)  # and one who set a higher threshold keeps theirs
+        with relaxed_gc():
+            assert gc.get_threshold()[0] == 200_000
+    finally:
+        gc.set_threshold(*saved)
+
+
+def test_restored_when_the_block_raises_and_across_concurrent_batches():
+    saved = gc.get_threshold()
+
+    async def batch(seconds: float) -> tuple[int, int, int]:
+        with relaxed_gc():
+            await asyncio.sleep(seconds)
+            return gc.get_threshold()
+
+    async def both() -> list[tuple[int, int, int]]:
+        return list(await asyncio.gather(batch(0.01), batch(0.03)))
+
+    assert [t[0] for t in asyncio.run(both())] == [ROLLOUT_GC_THRESHOLD] * 2
+    assert gc.get_threshold() == saved
+    try:
+        with relaxed_gc():
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert gc.get_threshold() == saved
