@@ -126,11 +126,9 @@ def _bpe_tokenizer(ranks: dict[bytes, int], pattern: str, specials: list[Special
         path = Path(folder) / "ranks.tiktoken"
         path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
         backend = TikTokenConverter(vocab_file=str(path), pattern=pattern).converted()
-    for special in sorted(specials, key=lambda s: s.id):
-        gap = special.id - backend.get_vocab_size(with_added_tokens=True)
-        if gap:  # unused ids below this one, as in the published vocabulary
-            backend.add_special_tokens([AddedToken(f"<|unused_{special.id - gap + i}|>", special=True)
-                                        for i in range(gap)])  # fmt: skip
+    for special in sorted(
+        specials, key=lambda s: s.id
+    ):  # every family's specials follow its ranks contiguously
         token = AddedToken(special.content, special=special.special, normalized=False)
         (backend.add_special_tokens if special.special else backend.add_tokens)([token])
         if backend.token_to_id(special.content) != special.id:

@@ -23,12 +23,12 @@ from typing import Any
 
 from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
-from bridges.train_config import TrainerConfig
+from bridges.train_config import TrainerConfig, ignored_key
 
-SFT_TRAINER_KEYS = frozenset({
+SFT_TRAINER_KEYS = frozenset(f"trainer.{key}" for key in (
     "max_steps", "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm",
     "grad_accum_steps", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
-})  # fmt: skip
+))  # fmt: skip
 
 
 @dataclass
@@ -58,11 +58,9 @@ def validate(config: SFTRunConfig) -> Path:
     from bridges.errors import require_extra
     from bridges.preflight import check_model, check_run_name, check_writable_folder, claim_run_folder
 
-    default = TrainerConfig()
-    for f in dataclasses.fields(TrainerConfig):
-        value = getattr(config.trainer, f.name)
-        if f.name not in SFT_TRAINER_KEYS and value != getattr(default, f.name):
-            raise ConfigError(f"bridges.sft does not use trainer.{f.name} (set to {value}); remove it.")
+    ignored = ignored_key(config.trainer, "trainer", SFT_TRAINER_KEYS)
+    if ignored is not None:
+        raise ConfigError(f"bridges.sft does not use {ignored[0]} (set to {ignored[1]}); remove it.")
     if not config.data:
         raise ConfigError("give data=<a dataset folder written by bridges.export>.")
     _check_dataset(Path(config.data))

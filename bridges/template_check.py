@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bridges.client.families import ModelFamily, resolve_family
+from bridges.client.ledger import tools_key
 from bridges.client.rendering import ChatRenderer, ChatTemplateError
 from bridges.client.responses import split_reasoning
 from bridges.types import Sample, SamplingParams
@@ -31,6 +32,7 @@ from bridges.types import Sample, SamplingParams
 _TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]  # fmt: skip
 _CALL = {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "a"}'}}
+_TOOLS_KEY = tools_key(_TOOLS)
 _SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
@@ -119,7 +121,7 @@ def _reply_ids(renderer: ChatRenderer, messages: list[dict[str, Any]], index: in
     whole = renderer.render_text(messages[: index + 1], _TOOLS, False)
     if not whole.startswith(prompt):
         return None
-    dummy = renderer.dummy(_TOOLS, "check")
+    dummy = renderer.dummy(_TOOLS, _TOOLS_KEY)
     closing_text = renderer.decode(list(dummy.closing)) if dummy is not None else ""
     reply = whole[len(prompt) :]
     if closing_text and reply.endswith(closing_text):
@@ -129,12 +131,12 @@ def _reply_ids(renderer: ChatRenderer, messages: list[dict[str, Any]], index: in
 
 
 async def _replay(
-    tokenizer: Any, family: ModelFamily, messages: list[dict[str, Any]], report: TemplateReport
+    renderer: ChatRenderer, family: ModelFamily, messages: list[dict[str, Any]], report: TemplateReport
 ) -> None:
     """Send the conversation through EngineClient turn by turn; record turns that do not extend."""
     from bridges.client.engine_client import EngineClient
 
-    renderer = ChatRenderer(tokenizer)
+    tokenizer = renderer.tokenizer
     replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     scripted: list[list[int]] = []
     for at in replies:
@@ -213,7 +215,7 @@ def _tool_round_trip(renderer: ChatRenderer, family: ModelFamily, report: Templa
 
 
 def _end_of_turn(tokenizer: Any, renderer: ChatRenderer, report: TemplateReport) -> None:
-    dummy = renderer.dummy(_TOOLS, "check")
+    dummy = renderer.dummy(_TOOLS, _TOOLS_KEY)
     closing = list(dummy.closing) if dummy is not None else []
     report.engine_must_emit = [renderer.decode([i]) for i in closing[:1]]
     report.ledger_appends = [renderer.decode([i]) for i in closing[1:]]
@@ -241,7 +243,7 @@ def check_template(
         _history(renderer, messages, report)
         _tool_round_trip(renderer, chosen, report)
         _end_of_turn(tokenizer, renderer, report)
-        asyncio.run(_replay(tokenizer, chosen, messages, report))
+        asyncio.run(_replay(renderer, chosen, messages, report))
     except (ChatTemplateError, ValueError) as exc:
         report.error = str(exc)
     return report

@@ -106,15 +106,24 @@ def refuse_ignored_keys(config: TrainConfig, honoured: frozenset[str]) -> None:
     silently ignores ``trainer.beta=0.1`` is not the experiment its command line describes."""
     from bridges.errors import ConfigError
 
-    defaults: dict[str, Any] = {"trainer": TrainerConfig(), "sampling": SamplingConfig()}
-    for section, default in defaults.items():
-        for f in dataclasses.fields(default):
-            key, value = f"{section}.{f.name}", getattr(getattr(config, section), f.name)
-            if key not in honoured and value != getattr(default, f.name):
-                raise ConfigError(
-                    f"backend={config.backend} does not use {key} (set to {value}); remove it, or pass the "
-                    f"backend's own setting in its {config.backend}.* section."
-                )
+    for section in ("trainer", "sampling"):
+        ignored = ignored_key(getattr(config, section), section, honoured)
+        if ignored is not None:
+            raise ConfigError(
+                f"backend={config.backend} does not use {ignored[0]} (set to {ignored[1]}); remove it, or pass "
+                f"the backend's own setting in its {config.backend}.* section."
+            )
+
+
+def ignored_key(values: Any, section: str, honoured: frozenset[str]) -> tuple[str, Any] | None:
+    """The first ``<section>.<key>`` of the dataclass ``values`` set away from its default but not in
+    ``honoured``, with its value; None when every changed key is honoured."""
+    default = type(values)()
+    for f in dataclasses.fields(default):
+        key, value = f"{section}.{f.name}", getattr(values, f.name)
+        if key not in honoured and value != getattr(default, f.name):
+            return key, value
+    return None
 
 
 def lora_config(t: TrainerConfig) -> Any:

@@ -13,7 +13,6 @@ rollouts of each example by reward, then ``dedupe`` (identical token ids kept on
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 from bridges.results import message_record, record_to_state
 from bridges.workflows.samples import SampleStats, state_to_samples
+from bridges.workflows.traces import read_traces
 
 
 @dataclass(frozen=True)
@@ -51,17 +51,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         if not found:
             raise FileNotFoundError(f"{path} holds no results.jsonl or traces.jsonl")
         path = found[0]
-    records, lines = [], path.read_text().splitlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):  # the last line, cut by a crash mid-write
-                continue
-            raise ValueError(f"{path}:{number} is not a JSON record") from None
-    return records
+    return list(read_traces(path))  # results and traces share the record format and the reader
 
 
 def _keep(state: Any, rule: ExportFilter, report: ExportReport) -> bool:
