@@ -1,6 +1,6 @@
 """10,000 concurrent multi-turn rollouts through ``EngineClient`` over an engine with 20 ms latency.
 
-    python benchmarks/rollout_scale.py [--rollouts 10000] [--turns 3] [--latency 0.02]
+    python benchmarks/rollout_scale.py [--rollouts 10000] [--turns 3] [--latency 0.02] [--phases]
 
 The environment is the bundled ``guess_number`` game with ``max_turns=3``; the simulated engine
 answers every turn after ``latency`` seconds with a reply that holds no number, so every rollout
@@ -11,6 +11,10 @@ it is this library's own cost per call (render, ledger, parse, environment step,
 number of calls, on one event loop. Memory: the same rollouts run twice on one client with the
 first wave's results dropped; RSS growth over the second wave, per finished rollout, is what a
 long run would accumulate (the token ledger is bounded, LRU). The reported seconds are wave 1's.
+
+``--phases`` adds a third, instrumented wave and prints CPU per model call by phase (render,
+tokenizer, ledger, drift, responses, environment hooks, scoring, garbage collector; see
+``benchmarks/phases.py``); the wrappers add their own cost, so compare phases, not the total.
 
 Last line: rollouts=<int> seconds=<float> ideal_seconds=<float> efficiency=<ideal/seconds> peak_rss_mb=<float>
 cpu_us_per_call=<float> (the process's CPU time over wave 1 per model call)
@@ -62,7 +66,19 @@ def rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-async def run(rollouts: int, turns: int, latency: float) -> None:
+async def phase_wave(env: Any, rows: list[dict[str, Any]], client: Any, calls: int) -> list[str]:
+    """One more wave with every phase's functions wrapped (benchmarks/phases.py)."""
+    from benchmarks.phases import instrumented, report
+
+    with instrumented() as timer:
+        cpu_started = time.process_time()
+        result = await env.generate(rows, client, "latency", max_concurrent=len(rows), progress=False)
+        cpu = time.process_time() - cpu_started
+    assert all(not s.errored for s in result.states)
+    return report(timer, cpu, calls)
+
+
+async def run(rollouts: int, turns: int, latency: float, phases: bool = False) -> None:
     import gc
 
     from bridges.client import EngineClient
@@ -103,6 +119,9 @@ async def run(rollouts: int, turns: int, latency: float) -> None:
         f"dropped after each): {(rss[2] - rss[1]) * 1024 / rollouts:.1f} KB per finished rollout in wave 2; the "
         f"ledger holds {len(client.ledger)} turns (bounded at its capacity, LRU)"
     )
+    if phases:
+        print("CPU per model call by phase (instrumented wave 3):")
+        print("\n".join(await phase_wave(env, rows, client, rollouts * turns)))
     print(
         f"rollouts={rollouts} seconds={seconds:.3f} ideal_seconds={ideal:.3f} efficiency={ideal / seconds:.4f} "
         f"peak_rss_mb={peak:.1f} cpu_us_per_call={cpu_seconds[0] / (rollouts * turns) * 1e6:.1f}"
@@ -114,8 +133,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.02)
+    parser.add_argument("--phases", action="store_true", help="add an instrumented wave: CPU by phase")
     args = parser.parse_args()
-    asyncio.run(run(args.rollouts, args.turns, args.latency))
+    asyncio.run(run(args.rollouts, args.turns, args.latency, args.phases))
 
 
 if __name__ == "__main__":

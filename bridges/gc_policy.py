@@ -4,12 +4,16 @@ Thousands of live rollouts are hundreds of thousands of container objects (messa
 records, asyncio tasks), and with the default threshold (a generation-0 collection every 700 net
 allocations) the collector keeps walking them: at 4,000 concurrent 3-turn rollouts it was half of
 all CPU time (518 µs a model call with the default, 280 µs with a 50,000 threshold,
-benchmarks/rollout_scale.py). Little of that work frees anything: rollout objects are freed by
-reference counting when a rollout ends; cycles (exception tracebacks, task graphs) are rare and
-small, so collecting them 70 times less often costs a little memory, not correctness.
+benchmarks/rollout_scale.py). Every object that survives a young collection is walked again by
+each older one: at 10,000 rollouts with a 50,000 threshold, generation-1 and -2 collections still
+took 2.9 s of a 10 s batch (``gc.callbacks`` timing). Little of that work frees anything: rollout
+objects are freed by reference counting when a rollout ends; cycles (exception tracebacks, task
+graphs) are rare and small and mostly die young, where the generation-0 collections still find them.
 
-``relaxed_gc()`` raises the generation-0 threshold for as long as any rollout batch in the process is
-running (nested and concurrent uses are counted) and restores the caller's thresholds after.
+``relaxed_gc()``, for as long as any rollout batch in the process is running (nested and concurrent
+uses are counted), collects generation 0 every 500,000 net allocations and leaves the older
+generations to after the batch, when the caller's thresholds come back. The cost is memory held
+by a cycle that outlived a young collection, until the batch ends.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import gc
 import threading
 from collections.abc import Iterator
 
-ROLLOUT_GC_THRESHOLD = 50_000
+ROLLOUT_GC_THRESHOLD = 500_000
+OLDER_GENERATIONS_THRESHOLD = 1_000  # young collections per older one: none within a batch
 
 _lock = threading.Lock()
 _depth = 0
@@ -28,14 +33,16 @@ _saved: tuple[int, int, int] | None = None
 
 @contextlib.contextmanager
 def relaxed_gc(threshold: int = ROLLOUT_GC_THRESHOLD) -> Iterator[None]:
-    """Collect generation 0 every ``threshold`` allocations (never more often than the caller's own
-    setting) inside the block; the outermost exit restores the thresholds found on entry."""
+    """Collect generation 0 every ``threshold`` allocations and the older ones almost never (never
+    more often than the caller's own settings) inside the block; the outermost exit restores the
+    thresholds found on entry."""
     global _depth, _saved
     with _lock:
         if _depth == 0:
             _saved = gc.get_threshold()
-            if 0 < _saved[0] < threshold:  # 0: the caller disabled automatic collection; leave it so
-                gc.set_threshold(threshold, _saved[1], _saved[2])
+            if _saved[0] > 0:  # 0: the caller disabled automatic collection; leave it so
+                young, older = max(_saved[0], threshold), OLDER_GENERATIONS_THRESHOLD
+                gc.set_threshold(young, max(_saved[1], older), max(_saved[2], older))
         _depth += 1
     try:
         yield

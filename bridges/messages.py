@@ -18,15 +18,48 @@ _KNOWN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"
 _OPTIONAL_KEYS = ("tool_call_id", "name", "reasoning_content")
 
 
-def _get(obj: Any, key: str) -> Any:
+_FIELD, _EXTRA, _ATTRIBUTE = 0, 1, 2
+_KINDS: dict[tuple[type, str], int] = {}  # (pydantic model class, name) -> where that name lives
+
+
+def _kind(cls: type, key: str) -> int:
+    kind = _KINDS.get((cls, key))
+    if kind is None:
+        fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        # a property or method of the class: only getattr knows what it returns
+        kind = _ATTRIBUTE if hasattr(cls, key) else _FIELD if key in fields else _EXTRA
+        if len(_KINDS) < 4096:
+            _KINDS[(cls, key)] = kind
+    return kind
+
+
+def read_field(obj: Any, key: str) -> Any:
+    """``obj[key]`` for a dict; for an object its attribute, else its pydantic extra, else None.
+
+    SDK pydantic objects are read through their declared fields and ``__pydantic_extra__`` directly
+    (where a name lives is found once per class): ``getattr`` on a name a model does not declare
+    goes through pydantic's ``__getattr__`` and a caught ``AttributeError``, and a response is read
+    a dozen times per model call.
+    """
     if isinstance(obj, dict):
         return obj.get(key)
+    cls = type(obj)
+    if hasattr(cls, "__pydantic_fields__"):
+        kind = _kind(cls, key)
+        if kind == _FIELD:
+            return obj.__dict__.get(key)
+        if kind == _EXTRA:
+            extra = obj.__pydantic_extra__
+            return extra.get(key) if extra else None
     value = getattr(obj, key, None)
     if value is None:
         extra = getattr(obj, "model_extra", None)
         if extra:
             value = extra.get(key)
     return value
+
+
+_get = read_field
 
 
 def _content_to_str(content: Any) -> str | None:

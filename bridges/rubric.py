@@ -21,7 +21,7 @@ from bridges.asyncutils import describe_exception
 from bridges.errors import ConfigError
 from bridges.parsers import Parser
 from bridges.types import State, StopReason
-from bridges.usercode import UserCodeTimeout, call_user
+from bridges.usercode import CallCost, UserCodeTimeout, call_user
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,7 +87,10 @@ class Rubric:
 
     ``timeout`` bounds each reward call. Sync functions run on a worker thread so the bound holds even
     for one that hangs (the thread is abandoned, the rollout marked errored); one function runs at a
-    time per state, but calls for different states of a group may run on parallel threads.
+    time per state, but calls for different states of a group may run on parallel threads. A sync
+    function whose first calls all took under a millisecond is then called on the event loop's
+    thread, under the hooks' watchdog (``bridges.usercode.CallCost``: the thread hop cost more than
+    the function); ``inline_cheap=False`` keeps every call on a thread.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class Rubric:
         parser: Parser | None = None,
         *,
         timeout: float = 60.0,
+        inline_cheap: bool = True,
     ) -> None:
         funcs = list(funcs or [])
         if weights is not None and len(weights) != len(funcs):
@@ -105,6 +109,8 @@ class Rubric:
             )
         self.parser = parser if parser is not None else Parser()
         self.timeout = timeout
+        self.inline_cheap = inline_cheap
+        self._costs: dict[int, CallCost] = {}
         self.funcs: list[Callable[..., Any]] = []
         self.weights: list[float] = []
         self._info: dict[int, _FuncInfo] = {}
@@ -122,6 +128,7 @@ class Rubric:
         self.funcs.append(func)
         self.weights.append(float(weight))
         self._info[id(func)] = _inspect(func)
+        self._costs[id(func)] = CallCost()
 
     def add_metric(self, func: Callable[..., Any], weight: float = 0.0) -> None:
         """A metric is a reward function that is recorded but does not count (weight 0)."""
@@ -171,7 +178,10 @@ class Rubric:
     async def _call(self, func: Callable[..., Any], available: dict[str, Any]) -> Any:
         info = self._info[id(func)]
         kwargs = available if info.var_kw else {k: available[k] for k in info.params if k in available}
-        return await call_user(func, timeout=self.timeout, what=f"reward function '{info.name}'", **kwargs)
+        cost = self._costs[id(func)] if self.inline_cheap else None
+        return await call_user(
+            func, timeout=self.timeout, what=f"reward function '{info.name}'", cost=cost, **kwargs
+        )
 
     @staticmethod
     def _failure(name: str, exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import ctypes
 import functools
@@ -36,6 +37,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from bridges.deadlines import Deadline
 
 
 class UserCodeTimeout(TimeoutError):
@@ -188,6 +191,42 @@ class DaemonPool:
 WORKERS = DaemonPool(32, "bridges-user")  # sync rewards and tools
 
 
+CHEAP_CALL_S = 0.001  # a pooled call that ran under this counts towards proving a function cheap
+PROVEN_AFTER = 8  # this many cheap pooled calls in a row and the function runs inline
+SLOW_INLINE_S = 0.005  # one inline call over this and the function goes back to the pool for good
+
+
+class CallCost:
+    """Whether a sync user function has proven cheap enough to run on the loop's own thread.
+
+    A hop to a worker thread costs the event loop ~60 us of CPU under load (a queue put, a thread
+    wake-up, the GIL hand-over and a wake-up back), more than a typical reward function's own work,
+    and a 3-turn rollout scored by two rewards pays it twice. A function whose first
+    ``PROVEN_AFTER`` pooled calls each ran under ``CHEAP_CALL_S`` is called inline after that,
+    under the same watchdog as the environment's sync hooks; one inline call over ``SLOW_INLINE_S``
+    (a cache miss that went to the network) sends it back to the pool for good. The bound holds
+    inline for Python code; a call blocked inside one C call (a socket read with no timeout) is
+    interrupted only when that call returns, so a function that can block that way should be async.
+    """
+
+    __slots__ = ("cheap_calls", "slow")
+
+    def __init__(self) -> None:
+        self.cheap_calls = 0
+        self.slow = False
+
+    @property
+    def inline(self) -> bool:
+        return not self.slow and self.cheap_calls >= PROVEN_AFTER
+
+    def observe(self, seconds: float, inline: bool) -> None:
+        """Record one call's run time (a lost increment from two threads only delays promotion)."""
+        if seconds > (SLOW_INLINE_S if inline else CHEAP_CALL_S):
+            self.slow = True
+        elif not inline:
+            self.cheap_calls += 1
+
+
 async def call_user(
     func: Callable[..., Any],
     /,
@@ -195,29 +234,45 @@ async def call_user(
     timeout: float | None,
     what: str,
     inline: bool = False,
+    cost: CallCost | None = None,
     pool: DaemonPool = WORKERS,
     **kwargs: Any,
 ) -> Any:
     """``func(*args, **kwargs)`` bounded by ``timeout`` seconds (None: unbounded).
 
     Async functions are awaited; sync ones run on the loop's thread under the watchdog (``inline``,
-    for environment hooks) or on the daemon pool. A coroutine returned by a sync wrapper is awaited
-    under the same bound. Raises ``UserCodeTimeout`` naming ``what`` on a timeout.
+    for environment hooks, or once ``cost`` says the function is cheap) or on the daemon pool. A
+    coroutine returned by a sync wrapper is awaited under the same bound. Raises
+    ``UserCodeTimeout`` naming ``what`` on a timeout.
     """
     target = getattr(func, "func", func)  # functools.partial
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None)):  # noqa: B004
         result = func(*args, **kwargs)
     elif inline:
         result = WATCHDOG.run(functools.partial(func, **kwargs) if kwargs else func, args, timeout, what)
+    elif cost is not None and cost.inline:
+        started = time.perf_counter()
+        try:
+            result = WATCHDOG.run(functools.partial(func, **kwargs) if kwargs else func, args, timeout, what)
+        finally:
+            cost.observe(time.perf_counter() - started, True)
     else:
-        result = await _in_thread(func, args, kwargs, timeout, what, pool)
+        result = await _in_thread(func, args, kwargs, timeout, what, pool, cost)
     if inspect.isawaitable(result):
         try:
-            async with asyncio.timeout(timeout):
+            with Deadline(timeout):
                 result = await result
         except TimeoutError:
             raise UserCodeTimeout(f"{what} did not finish within {timeout} s.") from None
     return result
+
+
+def _deliver(waiter: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if not waiter.done():  # the caller may have timed out or been cancelled meanwhile
+        if ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
 
 
 async def _in_thread(
@@ -227,27 +282,44 @@ async def _in_thread(
     timeout: float | None,
     what: str,
     pool: DaemonPool,
+    cost: CallCost | None,
 ) -> Any:
+    """One wake-up of the loop per call (the result's), and one timer that starts counting when a
+    thread picks the call up: half the loop's CPU of ``wrap_future`` + an event + ``asyncio.wait``."""
     loop = asyncio.get_running_loop()
-    started = asyncio.Event()
+    waiter: asyncio.Future[Any] = loop.create_future()
     context = contextvars.copy_context()
+    picked_up: list[float] = []
 
-    def run() -> Any:
-        loop.call_soon_threadsafe(started.set)
-        return context.run(func, *args, **kwargs)
+    def run() -> None:
+        picked_up.append(time.monotonic())
+        try:
+            value, ok = context.run(func, *args, **kwargs), True
+        except BaseException as exc:  # handed to the awaiting caller
+            value, ok = exc, False
+        if cost is not None:
+            cost.observe(time.monotonic() - picked_up[0], False)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran: nobody waits
+            loop.call_soon_threadsafe(_deliver, waiter, ok, value)
 
     future = pool.submit(run)
-    waiting = asyncio.wrap_future(future)
     if timeout is None:
-        return await waiting
-    waiter = asyncio.ensure_future(started.wait())
-    try:
-        await asyncio.wait({waiting, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.wait({waiting}, timeout=timeout)
-    finally:
-        waiter.cancel()
-    if not waiting.done():
+        return await waiter
+
+    def check() -> None:
+        nonlocal timer
+        if waiter.done():
+            return
+        left = timeout if not picked_up else picked_up[0] + timeout - time.monotonic()
+        if left > 0:  # not picked up yet (the bound starts then), or picked up less than timeout ago
+            timer = loop.call_later(left, check)
+            return
         pool.abandon(future)
-        waiting.cancel()
-        raise UserCodeTimeout(f"{what} did not finish within {timeout} s.")
-    return waiting.result()
+        waiter.set_exception(UserCodeTimeout(f"{what} did not finish within {timeout} s."))
+
+    timer = loop.call_later(timeout, check)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+        future.cancel()  # a call not yet picked up is dropped; a running one finishes unobserved

@@ -19,7 +19,7 @@ from typing import Any
 
 from bridges.asyncutils import describe_exception
 from bridges.rubric import as_finite_reward
-from bridges.usercode import UserCodeTimeout, call_user
+from bridges.usercode import CallCost, UserCodeTimeout, call_user
 
 ERROR_KEY = "bridges_reward_error"
 _MARK = "__bridges_guarded__"
@@ -39,13 +39,16 @@ def guard(func: Callable[..., Any], timeout: float) -> Callable[..., Any]:
     params = signature.parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     name = getattr(func, "__name__", type(func).__name__)
+    cost = CallCost()  # a cheap sync function stops paying the thread hop (see bridges.usercode)
 
     @functools.wraps(func)
     async def guarded(**kwargs: Any) -> Any:
         states = kwargs.get("states") or ([kwargs["state"]] if "state" in kwargs else [])
         args = kwargs if takes_all else {k: v for k, v in kwargs.items() if k in params}
         try:
-            result = await call_user(func, timeout=timeout, what=f"reward function '{name}'", **args)
+            result = await call_user(
+                func, timeout=timeout, what=f"reward function '{name}'", cost=cost, **args
+            )
         except Exception as exc:
             detail = f"TimeoutError: {exc}" if isinstance(exc, UserCodeTimeout) else describe_exception(exc)
             for state in states:

@@ -204,6 +204,16 @@ class ChatRenderer:
     ) -> list[int]:
         return self.encode(self.render_text(messages, tools, add_generation_prompt))
 
+    def render_ids_shared(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        memo: dict[str, list[int]],
+    ) -> list[int]:
+        """``render_ids`` (with the generation prompt) for one of several prefixes of a conversation:
+        pieces already encoded for another prefix come from ``memo`` (see ``SegmentEncoder``)."""
+        return self._segments.encode_shared(self.render_text(messages, tools, True), memo)
+
     # -- what the ledger asks --------------------------------------------------------------------
     def dummy(self, tools: list[dict[str, Any]] | None, tools_key: str | None) -> DummyRender | None:
         """The dummy render for these tools (cached); None when the template renders no usable dummy."""

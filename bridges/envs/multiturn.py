@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from bridges.asyncutils import backoff_delay, describe_exception, maybe_await
+from bridges.deadlines import Deadline
 from bridges.envs.base import Environment
 from bridges.errors import PromptTooLongError
-from bridges.messages import to_message_dict, to_message_dicts
+from bridges.messages import read_field, to_message_dict, to_message_dicts
 from bridges.types import Messages, State, StopReason, Turn
 from bridges.usercode import call_user
 
@@ -101,34 +102,25 @@ def _is_prompt_too_long(exc: BaseException) -> bool:
     )
 
 
-def _extra(obj: Any, key: str) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key)
-    value = getattr(obj, key, None)
-    if value is None:
-        extra = getattr(obj, "model_extra", None)
-        if extra:
-            value = extra.get(key)
-    return value
-
-
 def turn_from_response(response: Any) -> Turn:
     """A Turn from a chat completion: token ids and logprobs from the response extras when present."""
-    choices = _extra(response, "choices")
+    choices = read_field(response, "choices")
     if not choices:
         raise _Abort(StopReason.ENGINE_ERROR.value, "EngineError: the model returned no choices.")
     choice = choices[0]
-    logprobs = _extra(choice, "token_logprobs")
+    logprobs = read_field(choice, "token_logprobs")
     if logprobs is None:
-        content = _extra(_extra(choice, "logprobs"), "content") if _extra(choice, "logprobs") else None
-        logprobs = [_extra(entry, "logprob") for entry in content] if content else []
+        content = (
+            read_field(read_field(choice, "logprobs"), "content") if read_field(choice, "logprobs") else None
+        )
+        logprobs = [read_field(entry, "logprob") for entry in content] if content else []
     return Turn(
-        prompt_ids=list(_extra(response, "prompt_token_ids") or []),
-        completion_ids=list(_extra(choice, "token_ids") or []),
+        prompt_ids=list(read_field(response, "prompt_token_ids") or []),
+        completion_ids=list(read_field(choice, "token_ids") or []),
         logprobs=[float(x) for x in logprobs],
-        finish_reason=_extra(choice, "finish_reason"),
-        weight_version=_extra(response, "weight_version"),
-        message=to_message_dict(_extra(choice, "message")),
+        finish_reason=read_field(choice, "finish_reason"),
+        weight_version=read_field(response, "weight_version"),
+        message=to_message_dict(read_field(choice, "message")),
     )
 
 
@@ -268,11 +260,11 @@ class MultiTurnEnv(Environment):
             ) from exc
         state.turns.append(turn)
         state.completion.append(dict(turn.message))
-        usage = _extra(response, "usage")
+        usage = read_field(response, "usage")
         if usage is not None:
             totals = state.extras.setdefault("usage", {"prompt_tokens": 0, "completion_tokens": 0})
-            totals["prompt_tokens"] += int(_extra(usage, "prompt_tokens") or 0)
-            totals["completion_tokens"] += int(_extra(usage, "completion_tokens") or 0)
+            totals["prompt_tokens"] += int(read_field(usage, "prompt_tokens") or 0)
+            totals["completion_tokens"] += int(read_field(usage, "completion_tokens") or 0)
 
     async def _call_model(self, client: Any, model: str, messages: Messages, kwargs: dict[str, Any]) -> Any:
         """``chat.completions.create`` bounded by ``model_timeout``, transient errors retried with backoff."""
@@ -283,10 +275,8 @@ class MultiTurnEnv(Environment):
         last: BaseException | None = None
         for attempt in range(attempts):
             try:
-                return await asyncio.wait_for(
-                    client.chat.completions.create(model=model, messages=messages, **kwargs),
-                    self.model_timeout,
-                )
+                with Deadline(self.model_timeout):  # asyncio.wait_for would start a task per call
+                    return await client.chat.completions.create(model=model, messages=messages, **kwargs)
             except (openai.BadRequestError, PromptTooLongError) as exc:
                 reason = StopReason.PROMPT_TOO_LONG if _is_prompt_too_long(exc) else StopReason.ENGINE_ERROR
                 raise _Abort(reason.value, describe_exception(exc)) from exc

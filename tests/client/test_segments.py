@@ -54,3 +54,26 @@ def test_long_prompt_with_repeated_header_hits_the_cache(tok: Any):
         assert len(text) >= MIN_SEGMENTED_TEXT
         assert encoder.encode(text) == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
     assert len(encoder._cache) == 1  # the system piece, encoded once
+
+
+def test_shared_encoding_of_nested_prefixes_equals_backend_encode(tok: Any):
+    """The drift measurement encodes every prefix of a conversation with one memo: each prefix must
+    still tokenize exactly as the backend would, pieces repeated across prefixes and turns included."""
+    encoder = SegmentEncoder(tok)
+    backend = tok.backend_tokenizer
+    rng = random.Random(1)
+    words = ["hello", "world", "12", "?", "assistant\n", "user\n", "\n", " ", "guess", "x" * 140]
+    for trial in range(30):
+        turns = []
+        for _ in range(rng.randint(2, 8)):
+            role = rng.choice(["user", "assistant", "tool"])
+            body = "".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+            if rng.random() < 0.2:
+                body += "<tool_call>" + body[:20] + "</tool_call>"
+            turns.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
+        memo: dict[str, list[int]] = {}
+        for k in range(1, len(turns) + 1):  # every prefix, longest last, as the drift walk reuses them
+            text = "".join(turns[:k]) + "<|im_start|>assistant\n"
+            expected = backend.encode(text, add_special_tokens=False).ids
+            assert encoder.encode_shared(text, memo) == expected, (trial, k)
+            assert encoder.encode(text) == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from bridges.gc_policy import ROLLOUT_GC_THRESHOLD, relaxed_gc
+from bridges.gc_policy import OLDER_GENERATIONS_THRESHOLD, ROLLOUT_GC_THRESHOLD, relaxed_gc
 
 
 def test_threshold_raised_inside_and_restored_after_nesting():
@@ -13,7 +13,8 @@ def test_threshold_raised_inside_and_restored_after_nesting():
     gc.set_threshold(700, 11, 12)
     try:
         with relaxed_gc():
-            assert gc.get_threshold() == (ROLLOUT_GC_THRESHOLD, 11, 12)
+            older = OLDER_GENERATIONS_THRESHOLD
+            assert gc.get_threshold() == (ROLLOUT_GC_THRESHOLD, older, older)
             with relaxed_gc():
                 assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD
             assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD  # the outer batch still runs
@@ -21,9 +22,9 @@ def test_threshold_raised_inside_and_restored_after_nesting():
         gc.set_threshold(0, 10, 10)  # a caller who disabled automatic collection keeps it disabled
         with relaxed_gc():
             assert gc.get_threshold()[0] == 0
-        gc.set_threshold(200_000, 10, 10)  # and one who set a higher threshold keeps theirs
+        gc.set_threshold(2_000_000, 10, 5_000)  # and one who set higher thresholds keeps theirs
         with relaxed_gc():
-            assert gc.get_threshold()[0] == 200_000
+            assert gc.get_threshold() == (2_000_000, OLDER_GENERATIONS_THRESHOLD, 5_000)
     finally:
         gc.set_threshold(*saved)
 

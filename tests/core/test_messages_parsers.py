@@ -181,3 +181,35 @@ def test_tool_schema_rest_docstring_containers_literal():
     assert params["properties"]["k"] == {"type": "number"}
     with pytest.raises(ConfigError, match="named function"):
         tool_schema(lambda x: x)
+
+
+def test_read_field_reads_dicts_fields_extras_properties_and_plain_objects_alike():
+    from openai.types.chat import ChatCompletionMessage
+    from pydantic import BaseModel, ConfigDict
+
+    from bridges.messages import read_field
+
+    message = ChatCompletionMessage.model_validate(
+        {"role": "assistant", "content": "hi", "reasoning_content": "because"}
+    )
+    assert read_field(message, "content") == "hi"
+    assert read_field(message, "reasoning_content") == "because"  # an extra the SDK keeps
+    assert read_field(message, "tool_call_id") is None  # neither a field nor an extra
+    assert read_field(ChatCompletionMessage(role="assistant", content="x"), "reasoning_content") is None
+
+    class WithProperty(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        value: int = 1
+
+        @property
+        def doubled(self) -> int:
+            return self.value * 2
+
+    assert read_field(WithProperty(value=3), "doubled") == 6
+    assert read_field(WithProperty(value=3, note="n"), "note") == "n"
+    assert read_field({"a": 1}, "a") == 1 and read_field({"a": 1}, "b") is None
+
+    class Plain:
+        role = "user"
+
+    assert read_field(Plain(), "role") == "user" and read_field(Plain(), "content") is None

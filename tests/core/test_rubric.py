@@ -219,3 +219,71 @@ async def test_judge_transient_500_then_success_and_custom_reward_replaces_defau
     state = make_state("4")
     await rubric.score_rollout(state)
     assert state.reward == 1.0 and len(server.requests) == 2
+
+
+async def test_a_cheap_sync_reward_moves_onto_the_loop_thread_and_a_slow_one_stays_on_threads():
+    import threading
+    import time
+
+    from bridges.usercode import PROVEN_AFTER
+
+    loop_thread = threading.get_ident()
+    seen: dict[str, list[int]] = {"cheap": [], "slow": [], "pinned": []}
+
+    def cheap(completion) -> float:
+        seen["cheap"].append(threading.get_ident())
+        return 1.0
+
+    def slow(completion) -> float:
+        seen["slow"].append(threading.get_ident())
+        time.sleep(0.002)  # over CHEAP_CALL_S: never proven cheap
+        return 0.5
+
+    def pinned(completion) -> float:
+        seen["pinned"].append(threading.get_ident())
+        return 0.0
+
+    rubric = Rubric(funcs=[cheap, slow])
+    threaded = Rubric(funcs=[pinned], inline_cheap=False)
+    for _ in range(PROVEN_AFTER + 4):  # one at a time: each call sees the cost of the ones before
+        state = make_state("4")
+        await rubric.score_rollout(state)
+        await threaded.score_rollout(make_state("4"))
+        assert state.reward == 1.5 and state.metrics == {"cheap": 1.0, "slow": 0.5}
+    assert loop_thread not in seen["cheap"][:PROVEN_AFTER]  # proven on worker threads first
+    assert seen["cheap"][PROVEN_AFTER:] == [loop_thread] * 4  # then called inline
+    assert loop_thread not in seen["slow"]
+    assert loop_thread not in seen["pinned"]
+
+
+async def test_a_cheap_reward_that_turns_slow_or_hangs_inline_is_bounded_and_sent_back_to_threads():
+    import threading
+    import time
+
+    from bridges.usercode import PROVEN_AFTER
+
+    loop_thread = threading.get_ident()
+    calls: list[int] = []
+
+    def flaky(completion) -> float:
+        calls.append(threading.get_ident())
+        if len(calls) == PROVEN_AFTER + 1:  # the first inline call never returns (pure Python)
+            while True:
+                pass
+        return 1.0
+
+    rubric = Rubric(funcs=[flaky], timeout=0.3)
+    for _ in range(PROVEN_AFTER):
+        state = make_state("4")
+        await rubric.score_rollout(state)
+        assert state.reward == 1.0
+    hung = make_state("4")
+    started = time.monotonic()
+    await rubric.score_rollout(hung)  # inline now: the watchdog interrupts it at its bound
+    assert time.monotonic() - started < 5
+    assert calls[-1] == loop_thread
+    assert hung.reward is None and hung.stop_reason == "reward_error"
+    assert "did not finish within 0.3 s" in hung.error
+    after = make_state("4")
+    await rubric.score_rollout(after)  # demoted: a worker thread again
+    assert after.reward == 1.0 and calls[-1] != loop_thread
