@@ -167,6 +167,15 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(200, json=response_json(response), request=request)
 
 
+_POST_PATHS = {  # client.post path -> (EngineClient method, SDK create it mirrors)
+    "/chat/completions": ("_chat_create", _SDKChatCompletions.create),
+    "/completions": ("_completion_create", _SDKCompletions.create),
+}
+# what each fast post's response points back to (never mutated; building one per call parses the URL)
+_POST_REQUESTS = {path: httpx2.Request("POST", _BASE_URL + path) for path in _POST_PATHS}
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
 class _ChatCompletions(_SDKChatCompletions):
     def __init__(self, client: EngineClient) -> None:
         super().__init__(client)
@@ -296,6 +305,41 @@ class EngineClient(openai.AsyncOpenAI):
         return clone
 
     with_options = copy
+
+    async def post(  # type: ignore[override]
+        self, path: str, *, cast_to: Any, body: Any = None, options: Any = None, **rest: Any
+    ) -> Any:
+        """``client.post("/chat/completions", body=..., cast_to=httpx.Response)``, the way verifiers 0.3
+        calls every model, answered without the SDK's request building and HTTP plumbing.
+
+        The body runs the same ``create`` path the transport would; the caller gets what the SDK
+        would give it (the raw 200 response with the same JSON, or the same ``openai`` error).
+        Anything else (other paths, streams, files, options other than headers and timeout)
+        takes the SDK's own route to the in-process transport.
+        """
+        fast = (
+            path in _POST_PATHS
+            and isinstance(body, dict)
+            and (cast_to is httpx2.Response or getattr(cast_to, "__name__", None) == "Response")
+            and not any(rest.values())
+            and set(options or {}) <= {"headers", "timeout"}
+        )
+        if not fast:
+            return await super().post(path, cast_to=cast_to, body=body, options=options or {}, **rest)
+        create, sdk_create = _POST_PATHS[path]
+        kwargs = split_kwargs(body, sdk_create)
+        if (options or {}).get("timeout") is not None:
+            kwargs["timeout"] = options["timeout"]  # type: ignore[index]
+        try:
+            response = await getattr(self, create)(**kwargs)
+        except (TypeError, ValueError) as exc:  # what the transport answers with a 400
+            raise bad_request(str(exc), path=path) from exc
+        return httpx2.Response(  # pydantic's own serialiser: the same JSON as response_json, in Rust
+            200,
+            headers=_JSON_HEADERS,
+            content=response.model_dump_json(exclude_unset=True).encode(),
+            request=_POST_REQUESTS[path],
+        )
 
     # -- public helpers ------------------------------------------------------------------------
     def measure_drift(self, messages: list[Any]) -> tuple[int, int] | None:

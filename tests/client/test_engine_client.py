@@ -311,3 +311,32 @@ async def test_a_timed_out_call_leaves_the_task_usable_and_outer_cancel_propagat
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task  # a cancellation from outside is not turned into a timeout
+
+
+async def test_post_as_verifiers_calls_it_answers_what_the_sdk_route_answers(make_client):
+    """``client.post(path, body=..., cast_to=httpx.Response)`` skips the SDK's HTTP plumbing; the
+    caller must not be able to tell: the same JSON, the same status, the same errors."""
+    import httpx
+    import openai
+
+    client, _ = make_client(["The answer is 4."])
+    body = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 32,
+            "logprobs": True, "return_token_ids": True}  # fmt: skip
+    fast = await client.post("/chat/completions", body=body, cast_to=httpx.Response, options={})
+    routed = await openai.AsyncOpenAI.post(client, "/chat/completions", body=body, cast_to=httpx.Response)
+    assert fast.status_code == routed.status_code == 200
+    assert fast.headers["content-type"].startswith("application/json")
+    one, two = fast.json(), routed.json()
+    assert one.keys() == two.keys() and one["id"] != two["id"]
+    for key in ("id", "created"):
+        one.pop(key), two.pop(key)
+    assert one == two  # choices, logprobs, token ids, usage, extras: identical
+    text = await client.post("/completions", body={"model": "m", "prompt": "2+2=", "max_tokens": 4},
+                             cast_to=httpx.Response, options={"timeout": 5.0})  # fmt: skip
+    assert text.json()["choices"][0]["text"]
+    for bad in ({"model": "m", "messages": []}, {"messages": [{"role": "user", "content": "x"}]},
+                {"model": "m", "messages": [{"role": "user", "content": "x"}], "bogus": 1}):  # fmt: skip
+        with pytest.raises(openai.BadRequestError):
+            await client.post("/chat/completions", body=bad, cast_to=httpx.Response, options={})
+    with pytest.raises(UnsupportedEndpointError, match="serves only chat completions"):
+        await client.post("/embeddings", body={"model": "m", "input": "x"}, cast_to=httpx.Response)
