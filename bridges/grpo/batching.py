@@ -30,16 +30,18 @@ def collate(samples: list[TrainingSample], pad_token_id: int) -> Batch:
     length = max(len(s.token_ids) for s in samples)
     if length < 2:
         raise ValueError("every training sample needs at least two tokens (a prompt and one sampled id).")
-    size = len(samples)
-    input_ids_B_L = torch.full((size, length), pad_token_id, dtype=torch.long)
-    attention_mask_B_L = torch.zeros((size, length), dtype=torch.long)
-    loss_mask_B_T = torch.zeros((size, length - 1), dtype=torch.float32)
-    sampler_logps_B_T = torch.zeros((size, length - 1), dtype=torch.float32)
-    for i, sample in enumerate(samples):
-        n = len(sample.token_ids)
-        input_ids_B_L[i, :n] = torch.tensor(sample.token_ids, dtype=torch.long)
-        attention_mask_B_L[i, :n] = 1
-        loss_mask_B_T[i, : n - 1] = torch.tensor(sample.loss_mask[1:], dtype=torch.float32)
-        sampler_logps_B_T[i, : n - 1] = torch.tensor(sample.logprobs[1:], dtype=torch.float32)
-    advantages_B = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return Batch(input_ids_B_L, attention_mask_B_L, loss_mask_B_T, sampler_logps_B_T, advantages_B)
+    # padded Python lists and one tensor per field: a tensor per sample and field cost ~10% of a step
+    ids, attention, loss_mask, sampler_logps = [], [], [], []
+    for sample in samples:
+        pad = length - len(sample.token_ids)
+        ids.append([*sample.token_ids, *([pad_token_id] * pad)])
+        attention.append([1] * len(sample.token_ids) + [0] * pad)
+        loss_mask.append([*sample.loss_mask[1:], *([0] * pad)])
+        sampler_logps.append([*sample.logprobs[1:], *([0.0] * pad)])
+    return Batch(
+        input_ids_B_L=torch.tensor(ids, dtype=torch.long),
+        attention_mask_B_L=torch.tensor(attention, dtype=torch.long),
+        loss_mask_B_T=torch.tensor(loss_mask, dtype=torch.float32),
+        sampler_logps_B_T=torch.tensor(sampler_logps, dtype=torch.float32),
+        advantages_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+    )

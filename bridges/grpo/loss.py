@@ -94,7 +94,10 @@ def sequence_logprobs(
     """
     position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
     logits_B_L_V = model(
-        input_ids=input_ids_B_L, attention_mask=attention_mask_B_L, position_ids=position_ids_B_L
+        input_ids=input_ids_B_L,
+        attention_mask=attention_mask_B_L,
+        position_ids=position_ids_B_L,
+        use_cache=False,  # one forward over whole sequences: a KV cache would only be built and dropped
     ).logits
     logits_B_L_V = logits_B_L_V[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
