@@ -1,7 +1,8 @@
 """Where a model call's CPU goes: exclusive time per phase, measured by wrapping the functions of each phase.
 
 Used by ``rollout_scale.py --phases`` (an extra, instrumented wave after the timed ones, so the
-wrappers never touch the reported figures). Sync functions are timed around the call; async ones
+wrappers never touch the reported figures). Time is the process's CPU time, like the total it is
+compared with, so other jobs on a shared machine do not inflate a phase. Sync functions are timed around the call; async ones
 around every step of their coroutine (each ``send`` into it), so time a coroutine spends suspended
 is never counted. Phases nest: a render inside the drift measurement is counted as render, not as
 drift. Time inside Python's garbage collector (``gc.callbacks``) is taken out of whichever phase it
@@ -67,20 +68,20 @@ class PhaseTimer:
         self._gc_started = 0.0
 
     def enter(self, phase: str) -> None:
-        self.stack.append([phase, time.perf_counter(), 0.0])
+        self.stack.append([phase, time.process_time(), 0.0])
 
     def leave(self) -> None:
         phase, started, nested = self.stack.pop()
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         self.seconds[phase] += elapsed - nested
         if self.stack:
             self.stack[-1][2] += elapsed
 
     def on_gc(self, event: str, info: dict[str, Any]) -> None:
         if event == "start":
-            self._gc_started = time.perf_counter()
+            self._gc_started = time.process_time()
             return
-        elapsed = time.perf_counter() - self._gc_started
+        elapsed = time.process_time() - self._gc_started
         self.seconds["garbage collector"] += elapsed
         if self.stack:
             self.stack[-1][2] += elapsed

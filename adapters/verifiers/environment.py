@@ -16,6 +16,7 @@ import inspect
 import time
 from typing import Any
 
+from bridges.adapters.verifiers.presign import presign_hooks
 from bridges.adapters.verifiers.reward_guard import ERROR_KEY, guard
 from bridges.envs.base import Environment
 from bridges.messages import to_message_dicts
@@ -45,6 +46,8 @@ class VerifiersRubric:
         self._pairs = [
             (f.__name__, float(w)) for r in rubrics for f, w in zip(r.funcs, r.weights, strict=True)
         ]
+        # 0.1.8-0.1.9: score_group(states, score_sem); worked out once, not per group
+        self._takes_semaphore = len(inspect.signature(vf_rubric.score_group).parameters) >= 2
 
     def get_reward_func_names(self) -> list[str]:
         return [name for name, _ in self._pairs]
@@ -59,7 +62,7 @@ class VerifiersRubric:
             raise ValueError("a verifiers rubric scores rollouts made by VerifiersEnvironment.rollout only.")
         started = time.perf_counter()
         score = self.vf_rubric.score_group
-        if len(inspect.signature(score).parameters) >= 2:  # 0.1.8-0.1.9: score_group(states, score_sem)
+        if self._takes_semaphore:
             import asyncio
 
             await score(natives, asyncio.Semaphore(len(natives)))
@@ -96,6 +99,7 @@ class VerifiersEnvironment(Environment):
             env_args=env_args,
         )
         self.parser = getattr(vf_env, "parser", None) or self.parser
+        presign_hooks(vf_env)
         import verifiers as vf
 
         from bridges.adapters.verifiers.support import version_tuple

@@ -83,6 +83,22 @@ async def test_multi_turn_env_keeps_its_stop_condition_and_extends_token_exactly
     assert group.contributes_gradient or group.skip_reason == "zero_variance"
 
 
+def test_stop_conditions_carry_their_signature_and_are_otherwise_themselves():
+    import inspect
+
+    from bridges.adapters.verifiers.presign import Presigned, presign_hooks
+
+    env = load_environment("vf:vf_fixture_envs", kind="multi")
+    hooks = env.vf_env._stop_conditions
+    assert hooks and all(isinstance(h, Presigned) for h in hooks)  # the adapter presigned them
+    names = [h.__name__ for h in hooks]
+    assert "two_rounds" in names and "max_turns_reached" in names
+    for hook in hooks:
+        assert inspect.signature(hook) == inspect.signature(hook.func)
+        assert hook.__self__ is env.vf_env  # attributes of the bound method reach through
+    assert presign_hooks(env.vf_env) == 0  # idempotent: nothing wrapped twice
+
+
 def test_a_bare_module_returning_a_verifiers_env_is_wrapped():
     env = load_environment("vf_fixture_envs", kind="single")
     assert type(env).__name__ == "VerifiersEnvironment" and env.env_id == "vf_fixture_envs"
