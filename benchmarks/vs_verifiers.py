@@ -34,7 +34,8 @@ SYSTEM = "Guess the secret number between 1 and 100. Answer with a number."
 
 
 def _hint(messages: list[Any], answer: str) -> str:
-    text = (messages[-1].get("content") or "") if isinstance(messages[-1], dict) else ""
+    last = messages[-1]
+    text = (last.get("content") if isinstance(last, dict) else getattr(last, "content", None)) or ""
     digits = "".join(ch for ch in text if ch.isdigit())
     if not digits:
         return "That is not a number. Guess again."
@@ -52,7 +53,8 @@ def vf_environment(count: int, turns: int) -> Any:
 
     class GuessGame(vf.MultiTurnEnv):
         async def env_response(self, messages, state, **kwargs):
-            return [{"role": "user", "content": _hint(messages, state["answer"])}]
+            # verifiers 0.3's own advice: its message types, not dicts (dicts are re-validated each turn)
+            return [vf.UserMessage(content=_hint(messages, state["answer"]))]
 
     def solved(completion, answer, **kwargs) -> float:
         return float(answer in (completion[-1].get("content") or ""))

@@ -20,6 +20,9 @@ the process alive. Three cases, three mechanisms:
   after its work is done; a daemon thread dies with the interpreter. A call that outlives its
   timeout is abandoned, and a fresh thread takes its place, so hung calls never starve the rest.
   The timeout of a pooled call starts when a thread picks it up.
+- A sync reward that has proven cheap (``CallCost``: its first calls on the pool each took under a
+  millisecond) is called inline after that, under the watchdog like a hook, because the thread hop
+  cost the loop more than the function did; one slow inline call sends it back to the pool.
 """
 
 from __future__ import annotations
@@ -306,20 +309,22 @@ async def _in_thread(
     if timeout is None:
         return await waiter
 
+    timers: list[asyncio.TimerHandle] = []  # the bound's timer, re-armed while the call waits for a thread
+
     def check() -> None:
-        nonlocal timer
         if waiter.done():
             return
         left = timeout if not picked_up else picked_up[0] + timeout - time.monotonic()
         if left > 0:  # not picked up yet (the bound starts then), or picked up less than timeout ago
-            timer = loop.call_later(left, check)
+            timers.append(loop.call_later(left, check))
             return
         pool.abandon(future)
         waiter.set_exception(UserCodeTimeout(f"{what} did not finish within {timeout} s."))
 
-    timer = loop.call_later(timeout, check)
+    timers.append(loop.call_later(timeout, check))
     try:
         return await waiter
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
         future.cancel()  # a call not yet picked up is dropped; a running one finishes unobserved

@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import secrets
+import sys
 import time
 from collections.abc import Iterator
 from functools import cached_property
@@ -176,6 +177,15 @@ _POST_REQUESTS = {path: httpx2.Request("POST", _BASE_URL + path) for path in _PO
 _JSON_HEADERS = {"content-type": "application/json"}
 
 
+def _wants_raw_response(cast_to: Any) -> bool:
+    """The SDK's own ``httpx2.Response``, or ``httpx.Response``, which verifiers passes (a caller who
+    names it has imported httpx; this module does not depend on it)."""
+    if cast_to is httpx2.Response:
+        return True
+    httpx = sys.modules.get("httpx")
+    return httpx is not None and cast_to is getattr(httpx, "Response", None)
+
+
 class _ChatCompletions(_SDKChatCompletions):
     def __init__(self, client: EngineClient) -> None:
         super().__init__(client)
@@ -306,7 +316,7 @@ class EngineClient(openai.AsyncOpenAI):
 
     with_options = copy
 
-    async def post(  # type: ignore[override]
+    async def post(
         self, path: str, *, cast_to: Any, body: Any = None, options: Any = None, **rest: Any
     ) -> Any:
         """``client.post("/chat/completions", body=..., cast_to=httpx.Response)``, the way verifiers 0.3
@@ -320,16 +330,18 @@ class EngineClient(openai.AsyncOpenAI):
         fast = (
             path in _POST_PATHS
             and isinstance(body, dict)
-            and (cast_to is httpx2.Response or getattr(cast_to, "__name__", None) == "Response")
+            and _wants_raw_response(cast_to)
             and not any(rest.values())
             and set(options or {}) <= {"headers", "timeout"}
         )
         if not fast:
-            return await super().post(path, cast_to=cast_to, body=body, options=options or {}, **rest)
+            return await super().post(
+                path, cast_to=cast_to, body=body, options=cast(Any, options or {}), **rest
+            )
         create, sdk_create = _POST_PATHS[path]
         kwargs = split_kwargs(body, sdk_create)
         if (options or {}).get("timeout") is not None:
-            kwargs["timeout"] = options["timeout"]  # type: ignore[index]
+            kwargs["timeout"] = options["timeout"]
         try:
             response = await getattr(self, create)(**kwargs)
         except (TypeError, ValueError) as exc:  # what the transport answers with a 400

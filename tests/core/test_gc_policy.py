@@ -14,7 +14,7 @@ def test_threshold_raised_inside_and_restored_after_nesting():
     try:
         with relaxed_gc():
             older = OLDER_GENERATIONS_THRESHOLD
-            assert gc.get_threshold() == (ROLLOUT_GC_THRESHOLD, older, older)
+            assert gc.get_threshold() == (ROLLOUT_GC_THRESHOLD, older, 12)  # generation 2: the caller's
             with relaxed_gc():
                 assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD
             assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD  # the outer batch still runs
@@ -25,6 +25,9 @@ def test_threshold_raised_inside_and_restored_after_nesting():
         gc.set_threshold(2_000_000, 10, 5_000)  # and one who set higher thresholds keeps theirs
         with relaxed_gc():
             assert gc.get_threshold() == (2_000_000, OLDER_GENERATIONS_THRESHOLD, 5_000)
+        gc.set_threshold(2_000_000, 500, 10)
+        with relaxed_gc():
+            assert gc.get_threshold() == (2_000_000, 500, 10)
     finally:
         gc.set_threshold(*saved)
 
@@ -48,3 +51,27 @@ def test_restored_when_the_block_raises_and_across_concurrent_batches():
     except KeyError:
         pass
     assert gc.get_threshold() == saved
+
+
+def test_a_cycle_that_outlives_a_young_collection_is_still_reclaimed_while_a_batch_runs():
+    """A trainer that generates ahead keeps a batch in flight for its whole run: the older
+    generations must still be collected inside the block, only less often."""
+    import weakref
+
+    class Node:
+        pass
+
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        with relaxed_gc(threshold=1_000):
+            node = Node()
+            node.self = node
+            ref = weakref.ref(node)
+            gc.collect(0)  # it survives a young collection and moves to generation 1
+            del node
+            live = [[] for _ in range(150_000)]  # > 100 young collections' worth of net allocations
+            assert ref() is None  # a generation-1 collection ran inside the block and freed it
+            del live
+    finally:
+        gc.set_threshold(*saved)
