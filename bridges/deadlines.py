@@ -59,7 +59,9 @@ class Deadline:
     __slots__ = ("_bucket", "_cancelling", "_seconds", "_task", "expired")
 
     def __init__(self, seconds: float | None) -> None:
-        self._seconds = seconds
+        if seconds is not None and math.isnan(seconds):
+            raise ValueError("a deadline needs a number of seconds or None, not NaN.")
+        self._seconds = None if seconds is not None and math.isinf(seconds) and seconds > 0 else seconds
         self._bucket: set[Deadline] | None = None
         self.expired = False
 

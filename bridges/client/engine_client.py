@@ -330,6 +330,7 @@ class EngineClient(openai.AsyncOpenAI):
         fast = (
             path in _POST_PATHS
             and isinstance(body, dict)
+            and not body.get("stream")  # a stream's events come back through the transport
             and _wants_raw_response(cast_to)
             and not any(rest.values())
             and set(options or {}) <= {"headers", "timeout"}

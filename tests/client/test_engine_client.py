@@ -340,3 +340,6 @@ async def test_post_as_verifiers_calls_it_answers_what_the_sdk_route_answers(mak
             await client.post("/chat/completions", body=bad, cast_to=httpx.Response, options={})
     with pytest.raises(UnsupportedEndpointError, match="serves only chat completions"):
         await client.post("/embeddings", body={"model": "m", "input": "x"}, cast_to=httpx.Response)
+    streamed = await client.post("/chat/completions", body={**body, "stream": True}, cast_to=httpx.Response)
+    assert streamed.headers["content-type"].startswith("text/event-stream")  # the transport's events
+    assert streamed.text.rstrip().endswith("data: [DONE]")

@@ -79,3 +79,14 @@ async def test_nested_deadlines_the_inner_one_fires_and_the_outer_block_goes_on(
 def test_a_deadline_outside_a_task_is_refused():
     with pytest.raises(RuntimeError), Deadline(1.0):
         pass
+
+
+async def test_an_infinite_deadline_is_no_bound_and_nan_is_refused():
+    with Deadline(float("inf")) as deadline:
+        await asyncio.sleep(0.01)
+    assert not deadline.expired
+    with pytest.raises(ValueError, match="not NaN"):
+        Deadline(float("nan"))
+    # zero or less: expires at the next tick, like asyncio.timeout(0)
+    with pytest.raises(TimeoutError), Deadline(0):
+        await asyncio.sleep(1)
