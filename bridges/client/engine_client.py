@@ -127,6 +127,38 @@ def recording_responses() -> Iterator[list[Any]]:
         _RESPONSE_SINK.reset(token)
 
 
+_POST_PATHS = {  # endpoint -> (EngineClient method, SDK create it mirrors)
+    "/chat/completions": ("_chat_create", _SDKChatCompletions.create),
+    "/completions": ("_completion_create", _SDKCompletions.create),
+}
+# what each fast post's response points back to (never mutated; building one per call parses the URL)
+_POST_REQUESTS = {path: httpx2.Request("POST", _BASE_URL + path) for path in _POST_PATHS}
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _wants_raw_response(cast_to: Any) -> bool:
+    """The SDK's own ``httpx2.Response``, or ``httpx.Response``, which verifiers passes (a caller who
+    names it has imported httpx; this module does not depend on it)."""
+    if cast_to is httpx2.Response:
+        return True
+    httpx = sys.modules.get("httpx")
+    return httpx is not None and cast_to is getattr(httpx, "Response", None)
+
+
+async def _create_from_body(client: EngineClient, path: str, body: Any, timeout: Any = None) -> Any:
+    """A JSON request body run through the create method of its endpoint (``path`` a key of
+    ``_POST_PATHS``): the one route of the transport and of the fast ``post``. Arguments the
+    create method cannot take are a 400, as over HTTP."""
+    create, sdk_create = _POST_PATHS[path]
+    kwargs = split_kwargs(body, sdk_create)
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    try:
+        return await getattr(client, create)(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(str(exc), path=path) from exc
+
+
 class _InProcessTransport(httpx2.AsyncBaseTransport):
     """What the SDK's generic HTTP methods reach (``client.post("/chat/completions", body=...)``, as
     verifiers 0.3 sends): the chat and completion endpoints run the same in-process paths as the
@@ -148,15 +180,9 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
                 f"{request.method} {path} is not available (run python -m bridges.serve to reach the "
                 f"engine over HTTP)."
             )
-        chat = path.endswith("/chat/completions")
-        create, sdk_create = (
-            (client._chat_create, _SDKChatCompletions.create)
-            if chat
-            else (client._completion_create, _SDKCompletions.create)
-        )
+        endpoint = "/chat/completions" if path.endswith("/chat/completions") else "/completions"
         try:
-            body = json.loads(await request.aread())
-            response = await create(**split_kwargs(body, sdk_create))
+            response = await _create_from_body(client, endpoint, json.loads(await request.aread()))
         except Exception as exc:  # the same status and error JSON bridges.serve would send
             status, payload = error_body(
                 exc if not isinstance(exc, (TypeError, ValueError)) else bad_request(str(exc))
@@ -166,24 +192,6 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
             body = await response.response.aread()
             return httpx2.Response(200, headers=response.response.headers, content=body, request=request)
         return httpx2.Response(200, json=response_json(response), request=request)
-
-
-_POST_PATHS = {  # client.post path -> (EngineClient method, SDK create it mirrors)
-    "/chat/completions": ("_chat_create", _SDKChatCompletions.create),
-    "/completions": ("_completion_create", _SDKCompletions.create),
-}
-# what each fast post's response points back to (never mutated; building one per call parses the URL)
-_POST_REQUESTS = {path: httpx2.Request("POST", _BASE_URL + path) for path in _POST_PATHS}
-_JSON_HEADERS = {"content-type": "application/json"}
-
-
-def _wants_raw_response(cast_to: Any) -> bool:
-    """The SDK's own ``httpx2.Response``, or ``httpx.Response``, which verifiers passes (a caller who
-    names it has imported httpx; this module does not depend on it)."""
-    if cast_to is httpx2.Response:
-        return True
-    httpx = sys.modules.get("httpx")
-    return httpx is not None and cast_to is getattr(httpx, "Response", None)
 
 
 class _ChatCompletions(_SDKChatCompletions):
@@ -339,14 +347,7 @@ class EngineClient(openai.AsyncOpenAI):
             return await super().post(
                 path, cast_to=cast_to, body=body, options=cast(Any, options or {}), **rest
             )
-        create, sdk_create = _POST_PATHS[path]
-        kwargs = split_kwargs(body, sdk_create)
-        if (options or {}).get("timeout") is not None:
-            kwargs["timeout"] = options["timeout"]
-        try:
-            response = await getattr(self, create)(**kwargs)
-        except (TypeError, ValueError) as exc:  # what the transport answers with a 400
-            raise bad_request(str(exc), path=path) from exc
+        response = await _create_from_body(self, path, body, (options or {}).get("timeout"))
         return httpx2.Response(  # pydantic's own serialiser: the same JSON as response_json, in Rust
             200,
             headers=_JSON_HEADERS,
