@@ -59,9 +59,6 @@ def read_field(obj: Any, key: str) -> Any:
     return value
 
 
-_get = read_field
-
-
 def _content_to_str(content: Any) -> str | None:
     """Join text parts; multimodal parts other than text carry no text and are dropped."""
     if content is None or isinstance(content, str):
@@ -72,8 +69,8 @@ def _content_to_str(content: Any) -> str | None:
             if isinstance(part, str):
                 parts.append(part)
                 continue
-            kind = _get(part, "type")
-            text = _get(part, "text")
+            kind = read_field(part, "type")
+            text = read_field(part, "text")
             if (kind in (None, "text", "input_text", "output_text")) and isinstance(text, str):
                 parts.append(text)
         return "".join(parts)
@@ -81,17 +78,17 @@ def _content_to_str(content: Any) -> str | None:
 
 
 def _tool_call_to_dict(call: Any) -> dict[str, Any]:
-    function = _get(call, "function")
+    function = read_field(call, "function")
     if function is None:  # flat shape {"id", "name", "arguments"} used by some libraries
-        name, arguments = _get(call, "name"), _get(call, "arguments")
+        name, arguments = read_field(call, "name"), read_field(call, "arguments")
     else:
-        name, arguments = _get(function, "name"), _get(function, "arguments")
+        name, arguments = read_field(function, "name"), read_field(function, "arguments")
     if arguments is None:
         arguments = "{}"
     elif not isinstance(arguments, str):
         arguments = json.dumps(arguments)
     return {
-        "id": _get(call, "id") or "",
+        "id": read_field(call, "id") or "",
         "type": "function",
         "function": {"name": name or "", "arguments": arguments},
     }
@@ -134,19 +131,19 @@ def to_message_dict(message: Any) -> dict[str, Any]:
                 for c in copied["tool_calls"]
             ]
         return copied
-    role = _get(message, "role")
+    role = read_field(message, "role")
     if role is None:
         raise ValueError(f"a chat message needs a 'role'; got {type(message).__name__} {message!r:.200}.")
     role = str(getattr(role, "value", role))
-    content = _content_to_str(_get(message, "content"))
+    content = _content_to_str(read_field(message, "content"))
     out: dict[str, Any] = {"role": role, "content": content}
-    calls = _get(message, "tool_calls")
+    calls = read_field(message, "tool_calls")
     if calls:
         out["tool_calls"] = [_tool_call_to_dict(call) for call in calls]
     if content is None and not (role == "assistant" and calls):
         out["content"] = ""
     for key in _OPTIONAL_KEYS:
-        value = _get(message, key)
+        value = read_field(message, key)
         if value is not None:
             out[key] = value
     return out

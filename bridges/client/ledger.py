@@ -19,13 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bridges.messages import read_field
+
 _HASH_SEED = "rl-bridges-ledger-v1"
-
-
-def _get(message: Any, name: str) -> Any:
-    if isinstance(message, dict):
-        return message.get(name)
-    return getattr(message, name, None)
 
 
 def _canonical_arguments(arguments: Any) -> str:
@@ -43,10 +39,10 @@ def _canonical_arguments(arguments: Any) -> str:
 def _tool_calls_key(tool_calls: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for call in tool_calls:
-        fn = _get(call, "function")
+        fn = read_field(call, "function")
         if fn is None:  # flat {"name", "arguments"} (verifiers Gen B ToolCall)
             fn = call
-        out.append((str(_get(fn, "name")), _canonical_arguments(_get(fn, "arguments"))))
+        out.append((str(read_field(fn, "name")), _canonical_arguments(read_field(fn, "arguments"))))
     return tuple(out)
 
 
@@ -58,10 +54,10 @@ def message_key(message: Any) -> tuple[Any, ...]:
         tool_calls = message.get("tool_calls")
         tool_call_id = message.get("tool_call_id")
     else:
-        role = _get(message, "role")
-        content = _get(message, "content")
-        tool_calls = _get(message, "tool_calls")
-        tool_call_id = _get(message, "tool_call_id")
+        role = read_field(message, "role")
+        content = read_field(message, "content")
+        tool_calls = read_field(message, "tool_calls")
+        tool_call_id = read_field(message, "tool_call_id")
     if role is None:
         raise ValueError(f"every chat message needs a 'role'; got {message!r:.120}.")
     if content is None:
