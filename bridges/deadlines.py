@@ -23,23 +23,34 @@ RESOLUTION_S = 0.01
 
 
 class _Ticks:
-    """One loop's live deadlines, by tick; a tick's timer expires whatever is still in its bucket."""
+    """One loop's live deadlines by tick: a tick's timer expires whatever is still in its bucket, and
+    is cancelled as soon as its bucket empties, so blocks that finish in time leave nothing behind.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._buckets: dict[int, set[Deadline]] = {}
+    It never holds its loop: it is the value of a weak dictionary keyed by that loop, and a strong
+    reference from value to key would keep every finished loop (one per ``asyncio.run``) alive."""
 
-    def add(self, deadline: Deadline, when: float) -> set[Deadline]:
+    def __init__(self) -> None:
+        self._buckets: dict[int, tuple[set[Deadline], asyncio.TimerHandle]] = {}
+
+    def add(self, deadline: Deadline, loop: asyncio.AbstractEventLoop, when: float) -> int:
         tick = math.ceil(when / RESOLUTION_S)
-        bucket = self._buckets.get(tick)
-        if bucket is None:
-            bucket = self._buckets[tick] = set()
-            self._loop.call_at(tick * RESOLUTION_S, self._fire, tick)
-        bucket.add(deadline)
-        return bucket
+        entry = self._buckets.get(tick)
+        if entry is None:
+            entry = self._buckets[tick] = (set(), loop.call_at(tick * RESOLUTION_S, self._fire, tick))
+        entry[0].add(deadline)
+        return tick
+
+    def remove(self, deadline: Deadline, tick: int) -> None:
+        entry = self._buckets.get(tick)
+        if entry is not None:
+            entry[0].discard(deadline)
+            if not entry[0]:
+                del self._buckets[tick]
+                entry[1].cancel()
 
     def _fire(self, tick: int) -> None:
-        for deadline in self._buckets.pop(tick, ()):
+        bucket, _ = self._buckets.pop(tick, ((), None))
+        for deadline in bucket:
             deadline.expire()
 
 
@@ -49,20 +60,21 @@ _TICKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Ticks] = weakref.W
 def _ticks(loop: asyncio.AbstractEventLoop) -> _Ticks:
     ticks = _TICKS.get(loop)
     if ticks is None:
-        ticks = _TICKS[loop] = _Ticks(loop)
+        ticks = _TICKS[loop] = _Ticks()
     return ticks
 
 
 class Deadline:
     """``with Deadline(seconds):`` bounds the awaits inside the block (``None``: no bound)."""
 
-    __slots__ = ("_bucket", "_cancelling", "_seconds", "_task", "expired")
+    __slots__ = ("_cancelling", "_seconds", "_task", "_tick", "_ticks", "expired")
 
     def __init__(self, seconds: float | None) -> None:
         if seconds is not None and math.isnan(seconds):
             raise ValueError("a deadline needs a number of seconds or None, not NaN.")
         self._seconds = None if seconds is not None and math.isinf(seconds) and seconds > 0 else seconds
-        self._bucket: set[Deadline] | None = None
+        self._ticks: _Ticks | None = None
+        self._tick = 0
         self.expired = False
 
     def __enter__(self) -> Deadline:
@@ -72,7 +84,8 @@ class Deadline:
                 raise RuntimeError("Deadline must be used inside an asyncio task.")
             self._task, self._cancelling = task, task.cancelling()
             loop = asyncio.get_running_loop()
-            self._bucket = _ticks(loop).add(self, loop.time() + self._seconds)
+            self._ticks = _ticks(loop)
+            self._tick = self._ticks.add(self, loop, loop.time() + self._seconds)
         return self
 
     def expire(self) -> None:
@@ -81,8 +94,8 @@ class Deadline:
         self._task.cancel()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if self._bucket is None:
+        if self._ticks is None:
             return
-        self._bucket.discard(self)
+        self._ticks.remove(self, self._tick)
         if self.expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError(f"no result within {self._seconds} s") from exc

@@ -251,14 +251,13 @@ async def call_user(
     target = getattr(func, "func", func)  # functools.partial
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None)):  # noqa: B004
         result = func(*args, **kwargs)
-    elif inline:
-        result = WATCHDOG.run(functools.partial(func, **kwargs) if kwargs else func, args, timeout, what)
-    elif cost is not None and cost.inline:
+    elif inline or (cost is not None and cost.inline):
         started = time.perf_counter()
         try:
             result = WATCHDOG.run(functools.partial(func, **kwargs) if kwargs else func, args, timeout, what)
         finally:
-            cost.observe(time.perf_counter() - started, True)
+            if cost is not None and not inline:  # a hook's own cost is not tracked
+                cost.observe(time.perf_counter() - started, True)
     else:
         result = await _in_thread(func, args, kwargs, timeout, what, pool, cost)
     if inspect.isawaitable(result):
