@@ -25,6 +25,7 @@ from typing import Any
 
 from bridges.config import option, parse_config, run_cli
 from bridges.errors import ConfigError
+from bridges.hardware import DEVICE_HELP, DTYPE_HELP, DTYPES, check_device
 from bridges.preflight import build_environment, check_dataset, check_model, check_writable_folder
 
 RESULTS_FILE = "results.jsonl"
@@ -56,6 +57,8 @@ class EvalConfig:
     api_key_var: str = option(
         "OPENAI_API_KEY", help="engine=openai: the environment variable holding the key"
     )
+    device: str = option("auto", help=f"engine=hf: where the model runs: {DEVICE_HELP}")
+    dtype: str = option("auto", choices=DTYPES, help=f"engine=hf: {DTYPE_HELP}")
     num_examples: int = option(-1, ge=-1, help="examples to evaluate; -1 = all")
     rollouts_per_example: int = option(1, ge=1, help="rollouts of each example")
     max_concurrent: int = option(32, ge=1, help="rollouts in flight")
@@ -82,6 +85,8 @@ def validate(config: EvalConfig, output: Path) -> None:
         )
     if config.engine != "openai":
         check_model(config.model)
+    if config.engine == "hf":
+        check_device(config.device)
     if ":" in config.engine:
         from bridges.engines import engine_class
 
@@ -205,9 +210,12 @@ def build_client(config: EvalConfig) -> Any:
 
     from bridges.client import EngineClient
     from bridges.engines import load_engine
+    from bridges.metrics import quiet_library_bars
 
+    quiet_library_bars()
     torch.manual_seed(config.seed)
-    return EngineClient(load_engine(config.engine, config.model), model_name=config.model)
+    options = {"device": config.device, "dtype": config.dtype} if config.engine == "hf" else {}
+    return EngineClient(load_engine(config.engine, config.model, **options), model_name=config.model)
 
 
 def save_dataset(records: list[dict[str, Any]], path: Path) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.errors import require_extra
-from bridges.local_models import cached_build, save_random_model
+from bridges.local_models import cached_build, quiet_save, save_random_model
 
 _BUILD_VERSION = "2"
 _QWEN_PATTERN = (
@@ -241,3 +241,35 @@ def family_model_path(name: str, seed: int = 0) -> Path:
     return cached_build(
         name, (_BUILD_VERSION, name, seed), lambda folder: build_family_model(name, folder, seed)
     )
+
+
+# Published architectures (their config.json), built here with random weights over the Qwen2.5 vocabulary:
+# the memory benchmark and the GPU smoke test measure a real model's shapes with no download.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True},
+}  # fmt: skip
+QWEN25_VOCAB = 151936  # the embedding rows of every Qwen2.5 checkpoint (the tokenizer has 151,665 ids)
+
+
+def build_architecture(name: str, output_dir: str | Path, *, layers: int | None = None, seed: int = 0) -> Path:
+    """A random-init model with ``name``'s published architecture (``layers``: fewer decoder layers, for
+    a CPU) and the Qwen2.5 tokenizer, saved in bf16 to ``output_dir`` for ``from_pretrained``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = FIXTURES["tiny-qwen2.5"].tokenizer()
+    shape = {**ARCHITECTURES[name], **({"num_hidden_layers": layers} if layers else {})}
+    config = Qwen2Config(vocab_size=QWEN25_VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)  # fmt: skip
+    torch.manual_seed(seed)
+    model: Any = Qwen2ForCausalLM(config)
+    model.to(torch.bfloat16)
+    out = Path(output_dir)
+    with quiet_save():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -78,6 +78,21 @@ def save_random_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    with quiet_save():
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def quiet_save() -> Any:
+    """No "Writing model shards" bar for a model we build ourselves (once per machine, on first use)."""
+    from transformers.utils import logging as transformers_logging
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()

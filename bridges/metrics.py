@@ -81,6 +81,48 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+def quiet_library_bars() -> None:
+    """Turn off transformers' per-file bars ("Loading weights", "Writing model shards"): a run loads and
+    saves models many times, and the console is for the step view and the result. Called by the
+    commands as a run starts (it imports transformers, which the run is about to do anyway)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
+class StepProgress:
+    """The console view of a run's steps, the same on every backend (the bundled trainer, Tinker, TRL's
+    callback, verl's metric file): a tqdm bar whose postfix is the step's reward, loss and masked
+    rollouts, or with ``progress=false`` one line per step. Nothing else is printed per step."""
+
+    def __init__(self, enabled: bool, total: int, initial: int, name: str, *, shown: bool = True) -> None:
+        self._bar: Any = None
+        self.shown = shown  # false: a process that is not the one reporting for a multi-process run
+        if enabled and shown:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=name, unit="step", dynamic_ncols=True)
+
+    def report(self, row: Mapping[str, Any]) -> None:
+        """Show the step ``row`` (shared metric names) as done."""
+        reward, loss = row.get("reward/mean"), row.get("loss", 0.0)
+        text = f"reward={reward:.3f}" if isinstance(reward, int | float) else "reward=n/a"
+        text += f" loss={loss:.4f}" if isinstance(loss, int | float) else " loss=n/a"
+        if "episodes/masked" in row:
+            text += f" masked={row['episodes/masked']}"
+        if not self.shown:
+            return
+        if self._bar is None:
+            print(f"step {row['step']}: {text}", flush=True)
+            return
+        self._bar.set_postfix_str(text, refresh=False)
+        self._bar.update(max(0, int(row["step"]) - self._bar.n))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: list[str]) -> None:
     """What every backend does when a run ends: the reward curve, then the first-vs-last reward line
     and where the run's files are."""

@@ -26,6 +26,7 @@ from bridges.client.tool_calls import TOOL_PARSERS
 from bridges.config import option, parse_config, run_cli
 from bridges.engines import ENGINES, load_engine
 from bridges.errors import ConfigError
+from bridges.hardware import DEVICE_HELP, check_device, resolve_device
 from bridges.http_server import ServerThread, check_bind
 
 
@@ -50,7 +51,7 @@ class ServeConfig:
     family: str = option(
         "auto", choices=("auto", *FAMILY_NAMES), help="model family (auto: detected from its chat template)"
     )
-    device: str = option("cpu", help="torch device of the hf engine")
+    device: str = option("auto", help=f"the hf engine's device: {DEVICE_HELP}")
     max_batch_size: int = option(64, ge=1, help="hf engine: sequences decoded together")
     max_body_bytes: int = option(8 * 1024 * 1024, ge=1024, help="larger request bodies are refused with 413")
     max_n: int = option(16, ge=1, help="the largest n a request may ask for")
@@ -283,12 +284,17 @@ def serve_in_thread(
     return ServerThread(app, host=host, port=port, log_level=log_level)
 
 
+def engine_options(config: ServeConfig) -> dict[str, Any]:
+    """What the named engine is built with: the hf engine takes a device and a batch size; vLLM places
+    itself (``CUDA_VISIBLE_DEVICES``, its own parallelism settings) and takes no device argument."""
+    if config.engine == "hf":
+        return {"device": resolve_device(config.device), "max_batch_size": config.max_batch_size}
+    return {}
+
+
 def build_engine(config: ServeConfig) -> Any:
     """The engine named by ``config.engine``, from the engine table (a missing extra is one sentence)."""
-    options: dict[str, Any] = {"device": config.device}
-    if config.engine == "hf":
-        options["max_batch_size"] = config.max_batch_size
-    return load_engine(config.engine, config.model, **options)
+    return load_engine(config.engine, config.model, **engine_options(config))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         from bridges.preflight import check_model
 
         check_model(config.model)
+        check_device(config.device)
     engine = build_engine(config)
     client = EngineClient(
         engine,

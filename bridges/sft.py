@@ -28,6 +28,7 @@ from bridges.train_config import TrainerConfig, ignored_key
 SFT_TRAINER_KEYS = frozenset(f"trainer.{key}" for key in (
     "max_steps", "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm",
     "grad_accum_steps", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
+    "device", "dtype", "gradient_checkpointing",
 ))  # fmt: skip
 
 
@@ -56,6 +57,7 @@ def validate(config: SFTRunConfig) -> Path:
     """Every check that needs no model; returns the run folder."""
     from bridges.config import check_passthrough
     from bridges.errors import require_extra
+    from bridges.hardware import check_device
     from bridges.preflight import check_model, check_run_name, check_writable_folder, claim_run_folder
 
     ignored = ignored_key(config.trainer, "trainer", SFT_TRAINER_KEYS)
@@ -65,6 +67,7 @@ def validate(config: SFTRunConfig) -> Path:
         raise ConfigError("give data=<a dataset folder written by bridges.export>.")
     _check_dataset(Path(config.data))
     check_model(config.model)
+    check_device(config.trainer.device, "trainer.device")
     check_run_name(config.resolved_run_name)
     check_writable_folder(Path(config.output_dir), "output_dir")
     trl = require_extra("trl", "trl", "bridges.sft")

@@ -47,15 +47,20 @@ def unflatten_optimizer(
     tensors: dict[str, Any], meta: dict[str, Any], prefix: str = "optimizer"
 ) -> dict[str, Any]:
     """The inverse of ``flatten_optimizer``: a ``state_dict`` that ``optimizer.load_state_dict`` takes."""
-    state: dict[int, dict[str, Any]] = {}
+    state: dict[int | str, dict[str, Any]] = {}
     head = f"{prefix}.state."
     for name, tensor in tensors.items():
         if name.startswith(head):
-            index, key = name.removeprefix(head).split(".", 1)
-            state.setdefault(int(index), {})[key] = tensor
+            index, key = name.removeprefix(head).rsplit(".", 1)  # a parameter's name may hold dots
+            state.setdefault(_state_key(index), {})[key] = tensor
     for index, entry in meta.get("scalars", {}).items():
-        state.setdefault(int(index), {}).update(entry)
+        state.setdefault(_state_key(index), {}).update(entry)
     return {"state": state, "param_groups": meta.get("param_groups", [])}
+
+
+def _state_key(index: str) -> int | str:
+    """An optimizer state key: a parameter's position (torch's own state_dict) or its name (FSDP's)."""
+    return int(index) if index.isdigit() else index
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridges.config import option
+from bridges.hardware import DEVICE_HELP, DTYPE_HELP, DTYPES
 
 LOSS_TYPES = ("grpo", "dr_grpo")
+STRATEGIES = ("ddp", "fsdp")
+TINY_LR, FULL_LR, LORA_LR = 1.5e-3, 1e-6, 1e-5  # learning-rate defaults (see TrainerConfig.learning_rate)
 ENGINES = ("auto", "hf", "vllm")  # auto, or a name in bridges.engines.ENGINES
 
 
@@ -36,8 +39,11 @@ class TrainerConfig:
     max_steps: int = option(250, ge=1, help="optimizer steps")
     batch_size: int = option(16, ge=1, help="prompts (groups) per optimizer step")
     group_size: int = option(16, ge=2, help="rollouts per prompt (group-relative advantages need at least 2)")
-    # optimisation (defaults tuned for the embedded tiny model; real checkpoints want ~1e-6 full, ~1e-5 LoRA)
-    learning_rate: float = option(1.5e-3, gt=0.0, help="peak learning rate")
+    # optimisation
+    learning_rate: float | None = option(
+        None, gt=0.0, help=f"peak learning rate; None: {TINY_LR} for the built-in tiny models, {FULL_LR} for full "
+        f"fine-tuning and {LORA_LR} for LoRA of any other model",
+    )  # fmt: skip
     warmup_steps: int = option(0, ge=0, help="linear warmup steps")
     weight_decay: float = option(0.0, ge=0.0, help="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0.0, help="gradient clipping norm")
@@ -61,6 +67,21 @@ class TrainerConfig:
     rollout_process: bool = option(
         False, help="hf engine: roll out in a child process, so generation overlaps training"
     )
+    # hardware: bridges.hardware resolves device and dtype; several processes split each step's groups
+    device: str = option("auto", help=DEVICE_HELP)
+    dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    logprob_chunk_tokens: int = option(
+        256, ge=1, help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)"
+    )
+    num_processes: int = option(
+        1, ge=1, help="training processes (one per GPU); >1 starts them, each rolling out and training its share "
+        "of every step's groups",
+    )  # fmt: skip
+    strategy: str = option(
+        "ddp", choices=STRATEGIES, help="with several processes: ddp (replicas, gradients all-reduced) or fsdp "
+        "(FSDP2: parameters, gradients and optimizer state sharded, like ZeRO-3)",
+    )  # fmt: skip
     # parameter-efficient training
     lora_rank: int = option(0, ge=0, help="LoRA rank; 0 = full fine-tuning")
     lora_alpha: int = option(32, ge=1, help="LoRA alpha")
@@ -68,6 +89,18 @@ class TrainerConfig:
     lora_target_modules: list[str] = option(
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="modules LoRA adapts"
     )
+
+
+def learning_rate(t: TrainerConfig, model: str, *, lora: bool) -> float:
+    """``trainer.learning_rate``, or the default for ``model``: the embedded tiny models learn the default
+    task fast at 1.5e-3, which would wreck a real checkpoint within a few steps."""
+    from bridges.tiny import is_builtin_model
+
+    if t.learning_rate is not None:
+        return float(t.learning_rate)
+    if is_builtin_model(model):
+        return TINY_LR
+    return LORA_LR if lora else FULL_LR
 
 
 def completion_budget(config: TrainConfig, env: Any) -> int:
@@ -174,6 +207,10 @@ class TrainConfig:
     verl: dict[str, Any] = option(factory=dict, help="hydra overrides for backend=verl")
     tinker: dict[str, Any] = option(factory=dict, help="options of backend=tinker")
     vllm: dict[str, Any] = option(factory=dict, help="vLLM engine arguments")
+
+    @property
+    def resolved_learning_rate(self) -> float:
+        return learning_rate(self.trainer, self.model, lora=self.trainer.lora_rank > 0)
 
     @property
     def resolved_run_name(self) -> str:

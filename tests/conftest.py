@@ -34,6 +34,20 @@ def bridges_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop("BRIDGES_CACHE_DIR", None)
 
 
+@pytest.fixture(autouse=True)
+def own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test starts in a fresh, empty working directory of its own.
+
+    Commands write ``runs/`` and ``outputs/`` relative to where they start, and refuse to start over
+    a run that is already there; a suite run from a checkout that has just trained the README's main
+    job would otherwise meet that run. Subprocesses a test starts inherit the directory too. A test
+    that needs the repository names it by absolute path.
+    """
+    folder = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_path(bridges_cache_dir: Path) -> Path:
     """The folder of the tiny model (seed 0), built once per session."""

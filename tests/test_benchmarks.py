@@ -12,12 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -28,7 +30,7 @@ def _fields(line: str) -> dict[str, float]:
 
 
 def test_rollout_scale_prints_cpu_per_call_and_every_phase_claims_time():
-    out = _run("benchmarks/rollout_scale.py", "--rollouts", "60", "--latency", "0.001", "--phases")
+    out = _run(str(ROOT / "benchmarks/rollout_scale.py"), "--rollouts", "60", "--latency", "0.001", "--phases")
     last = _fields(out.strip().splitlines()[-1])
     assert last["rollouts"] == 60 and last["cpu_us_per_call"] > 0 and last["seconds"] > 0
     phases = dict(re.findall(r"^  (.+?)\s{2,}(-?[\d.]+) us", out, flags=re.M))
@@ -40,8 +42,32 @@ def test_rollout_scale_prints_cpu_per_call_and_every_phase_claims_time():
 
 
 def test_peer_benchmark_runs_all_three_paths():
-    out = _run("benchmarks/vs_verifiers.py", "--rollouts", "30", "--latency", "0.001")
+    out = _run(str(ROOT / "benchmarks/vs_verifiers.py"), "--rollouts", "30", "--latency", "0.001")
     rows = re.findall(r"^\s+30 rollouts\s+(\w+)\s.*\((\d+) calls\)", out, flags=re.M)
     assert dict(rows) == {"verifiers": "90", "bridges": "90", "vf_adapter": "90"}  # 30 rollouts x 3 turns
     last = _fields(out.strip().splitlines()[-1])
     assert last["ratio"] > 0 and last["vf_adapter_ratio"] > 0 and last["cpu_us_per_call"] > 0
+
+
+@pytest.mark.slow
+def test_gpu_smoke_runs_on_the_cpu_at_a_small_shape():
+    """benchmarks/gpu_smoke.py is run by hand on a GPU; here it runs small so it cannot rot."""
+    out = _run(str(ROOT / "benchmarks/gpu_smoke.py"), "--arch", "qwen2.5-0.5b", "--layers", "1", "--batch", "2",
+               "--group", "2", "--max-tokens", "8", "--steps", "2")  # fmt: skip
+    last = out.strip().splitlines()[-1]
+    fields = _fields(last)
+    assert last.startswith("device=cpu ") and "qwen2.5-0.5b_mfu=n/a" in last  # no peak FLOP/s for a CPU
+    for key in ("gen_tokens_per_s", "train_tokens_per_s", "peak_memory_gb"):
+        assert fields[f"qwen2.5-0.5b_{key}"] > 0, key
+
+
+@pytest.mark.slow
+def test_trainer_memory_prints_its_ratios_at_a_small_shape():
+    out = _run(str(ROOT / "benchmarks/trainer_memory.py"), "--layers", "1", "--seq", "32", "--batch", "1",
+               "--logprob-batch", "4", "--chunk", "16")  # fmt: skip
+    fields = _fields(out.strip().splitlines()[-1])
+    for name in ("full_fp32", "full_bf16", "lora_fp32", "lora_bf16"):
+        assert 0.9 < fields[f"{name}_ratio"] < 2.0, name  # a peak below the floor would mean a counting bug
+    assert 0 < fields["logprob_chunked_ratio"] < 1 and fields["worst_floor_ratio"] == max(
+        fields[f"{n}_ratio"] for n in ("full_fp32", "full_bf16", "lora_fp32", "lora_bf16")
+    )

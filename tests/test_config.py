@@ -64,3 +64,19 @@ def test_unknown_backend_lists_the_available_ones():
         [sys.executable, "-m", "bridges.train", "backend=nope"], capture_output=True, text=True
     )
     assert result.returncode == 2 and "unknown backend 'nope'; available backends: grpo" in result.stderr
+
+
+def test_an_unset_learning_rate_suits_the_model_and_help_says_which(tmp_path):
+    from bridges.config import HelpRequested
+    from bridges.train import train_schema
+
+    def resolved(*args: str) -> float:
+        return parse_config(TrainConfig, list(args)).resolved_learning_rate
+
+    assert resolved() == 1.5e-3 and resolved("model=tiny-qwen3") == 1.5e-3  # the built-in tiny models
+    assert resolved(f"model={tmp_path}") == 1e-6  # any other checkpoint: full fine-tuning
+    assert resolved(f"model={tmp_path}", "trainer.lora_rank=8") == 1e-5  # ...or a LoRA adapter
+    assert resolved(f"model={tmp_path}", "trainer.learning_rate=3e-4") == 3e-4  # said is said
+    with pytest.raises(HelpRequested) as shown:
+        parse_config(train_schema(), ["--help"])
+    assert "None: 0.0015 for the built-in tiny models, 1e-06 for full fine-tuning and 1e-05 for LoRA" in str(shown.value)

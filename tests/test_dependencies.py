@@ -123,7 +123,7 @@ def test_every_module_imports_with_only_the_base_dependencies():
     allowed = sorted(closure(BASE) | {"rl-bridges"})
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(BLOCKER), json.dumps(allowed)],
-        capture_output=True, text=True, timeout=300, cwd=REPO / "tests",
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])

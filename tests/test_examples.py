@@ -12,8 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
-def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an example as a user would; from the test's own folder unless ``cwd`` says where (nothing is
+    written into the checkout, byte-compiled files included)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
     )
@@ -64,7 +66,7 @@ def test_recipe_each_stage_beats_the_one_before(tmp_path: Path):
     """eval -> teacher rollouts -> export -> SFT -> eval -> RL -> eval, as the README shows it."""
     result = subprocess.run([sys.executable, str(EXAMPLES / "recipe_warmup.py"), str(tmp_path / "recipe")],
                             cwd=EXAMPLES, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     scores = dict(pair.split("=") for pair in result.stdout.strip().splitlines()[-1].split())
     before, after_sft, after_rl = (float(scores[k]) for k in ("before", "after_sft", "after_rl"))

@@ -1,4 +1,4 @@
-"""The README's two first commands are the project's promise; CI must run exactly the test one."""
+"""The README's two first commands are the project's promise; CI must run exactly them, in order."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ def _readme_commands() -> list[str]:
     return [b.strip() for b in blocks[:2]]
 
 
-def test_ci_runs_exactly_the_readme_test_command():
+def test_ci_runs_the_readme_commands_exactly_and_in_order():
+    """The main job first, then the tests, in the same checkout: a suite that passes alone but fails
+    beside the main job's run folder cannot pass CI."""
     setup_and_main, tests = _readme_commands()
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert tests in ci_lines
+    commands = [ln for ln in ci_lines if ln and not ln.startswith(("#", "set ", "cd ", "export "))]
+    assert commands == [setup_and_main, tests]
     assert "pytest" in tests and "torch==2.13.0" in tests
     assert tests.index("ruff check") < tests.index(".ci/typecheck") < tests.index("pytest")
 

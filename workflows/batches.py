@@ -55,29 +55,45 @@ def batch_seed(seed: int, step: int) -> int:
     return seed * 7919 + step
 
 
-def step_metrics(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, Any]:
+def step_tallies(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, float]:
+    """One process's share of a step as sums (``max/`` keys: maxima), so several processes' shares add up
+    exactly (``step_metrics`` turns the total into the step's row)."""
     episodes = [s for g in groups for s in g.states]
     valid = [s for s in episodes if s.trainable]
-    rewards = [s.reward for s in valid if s.reward is not None]
-    mean = sum(rewards) / len(rewards) if rewards else None
+    rewards = [float(s.reward) for s in valid if s.reward is not None]
     versions = [t.weight_version for s in valid for t in s.turns if t.weight_version is not None]
+    tallies: dict[str, float] = {
+        "episodes": len(episodes), "valid": len(valid), "rewards": len(rewards), "reward_sum": sum(rewards),
+        "reward_sq_sum": sum(r * r for r in rewards),
+        "zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
+        "too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
+        "completion_tokens": sum(len(t.completion_ids) for s in valid for t in s.turns),
+        "samples": stats.samples, "breaks": stats.breaks, "drift_tokens": sum(e.drift_tokens or 0 for e in episodes),
+        "max/staleness": engine_version - min(versions) if versions else 0,
+    }  # fmt: skip
+    for reason, count in Counter(e.stop_reason for e in episodes).items():
+        tallies[f"stop/{reason}"] = count
+    return tallies
+
+
+def step_metrics(tallies: dict[str, float]) -> dict[str, Any]:
+    """The step's metric row from its (summed) tallies."""
+    n, episodes = tallies["rewards"], int(tallies["episodes"])
+    mean = tallies["reward_sum"] / n if n else None
+    masked = episodes - int(tallies["valid"])
     row: dict[str, Any] = {
         "reward/mean": mean,
-        "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-        if mean is not None
-        else None,
-        "episodes/total": len(episodes),
-        "episodes/masked": len(episodes) - len(valid),
-        "episodes/masked_fraction": (len(episodes) - len(valid)) / len(episodes) if episodes else 0.0,
-        "groups/zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
-        "groups/too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
-        "tokens/completion_mean": sum(len(t.completion_ids) for s in valid for t in s.turns)
-        / max(1, len(valid)),
-        "samples/trained": stats.samples,
-        "samples/breaks": stats.breaks,
-        "off_policy/max_staleness": engine_version - min(versions) if versions else 0,
-        "drift/tokens": sum(e.drift_tokens or 0 for e in episodes),
+        "reward/std": max(0.0, tallies["reward_sq_sum"] / n - mean * mean) ** 0.5 if mean is not None else None,
+        "episodes/total": episodes,
+        "episodes/masked": masked,
+        "episodes/masked_fraction": masked / episodes if episodes else 0.0,
+        "groups/zero_variance": int(tallies["zero_variance"]),
+        "groups/too_few_valid": int(tallies["too_few_valid"]),
+        "tokens/completion_mean": tallies["completion_tokens"] / max(1, tallies["valid"]),
+        "samples/trained": int(tallies["samples"]),
+        "samples/breaks": int(tallies["breaks"]),
+        "off_policy/max_staleness": int(tallies["max/staleness"]),
+        "drift/tokens": int(tallies["drift_tokens"]),
     }
-    for reason, count in Counter(e.stop_reason for e in episodes).items():
-        row[f"stop/{reason}"] = count
+    row.update({key: int(value) for key, value in tallies.items() if key.startswith("stop/")})
     return row

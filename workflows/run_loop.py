@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from bridges.errors import TrainingDivergedError
-from bridges.metrics import finish_run
-from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics
+from bridges.metrics import StepProgress, finish_run
+from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics, step_tallies
 from bridges.workflows.traces import open_run_files
 from bridges.workflows.types import Group, TrainingSample
 
@@ -66,6 +67,17 @@ class Learner(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Reducer:
+    """How the loop sees the training processes (one process: itself). Each process runs its share of
+    every batch and writes its own episodes; ``combine`` adds the processes' step tallies up, and the
+    main process alone writes ``metrics.jsonl``, shows progress and ends the run's report."""
+
+    is_main: bool = True
+    combine: Callable[[dict[str, float]], dict[str, float]] = lambda tallies: tallies
+    barrier: Callable[[], None] = lambda: None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
     """What the loop writes and how it is labelled (provenance of every trace line)."""
 
@@ -76,17 +88,20 @@ class RunSpec:
     dataset: Any
     sampling_args: dict[str, Any]
     artifacts: list[str]  # the files the end-of-run line names, besides the reward curve
+    reducer: Reducer = Reducer()
 
 
 async def run_training(
     config: Any, spec: RunSpec, learner: Learner, start: RunPosition
 ) -> list[dict[str, Any]]:
     """Train from ``start`` to ``trainer.max_steps``; returns the metric rows of this process's steps."""
-    t = config.trainer
-    logger, traces = open_run_files(
-        config, spec.run_dir, spec.backend, spec.engine, spec.model, spec.sampling_args, start.step
-    )
-    progress = _progress_bar(config.progress, t.max_steps, start.step, spec.backend)
+    t, reducer = config.trainer, spec.reducer
+    files = functools.partial(open_run_files, config, spec.run_dir, spec.backend, spec.engine, spec.model,
+                              spec.sampling_args, start.step)  # fmt: skip
+    opened = files() if reducer.is_main else None
+    await asyncio.to_thread(reducer.barrier)  # [distributed] the others append once the files are cut back
+    logger, traces = opened or files(main=False)
+    progress = StepProgress(config.progress, t.max_steps, start.step, spec.backend, shown=reducer.is_main)
     pending: deque[Awaitable[list[Group]]] = deque()
     position, ahead, streak = start, start, 0
     started = time.perf_counter()
@@ -109,11 +124,13 @@ async def run_training(
             if streak >= MAX_NONFINITE_STEPS:
                 raise _diverged(position.step + 1, streak, result)
             position = RunPosition(position.step + 1, position.data_position + t.batch_size)
-            row = {"step": position.step, **step_metrics(groups, stats, learner.weight_version), **result,
+            tallies = reducer.combine(step_tallies(groups, stats, learner.weight_version))
+            row = {"step": position.step, **step_metrics(tallies), **result,
                    "timing/train_s": time.perf_counter() - training, "timing/wait_generation_s": waited,
                    "timing/elapsed_s": time.perf_counter() - started, "weight_version": learner.weight_version}  # fmt: skip
-            logger.log(row)
-            _report(progress, row)
+            if logger is not None:
+                logger.log(row)
+            progress.report(row)
             if (
                 config.save_every > 0 and position.step % config.save_every == 0
             ) or position.step == t.max_steps:
@@ -121,9 +138,11 @@ async def run_training(
     finally:
         await _cancel(pending)
         traces.close()
-        logger.close()
-        if progress is not None:
-            progress.close()
+        if logger is not None:
+            logger.close()
+        progress.close()
+    if logger is None:
+        return []
     finish_run(logger.rows, spec.run_dir, f"{config.env} · {spec.model} · {spec.backend}", spec.artifacts)
     return logger.rows
 
@@ -143,22 +162,3 @@ async def _cancel(pending: deque[Awaitable[list[Group]]]) -> None:
     for future in futures:
         future.cancel()
     await asyncio.gather(*futures, return_exceptions=True)
-
-
-def _progress_bar(enabled: bool, total: int, initial: int, backend: str) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=backend, unit="step", dynamic_ncols=True)
-
-
-def _report(progress: Any, row: dict[str, Any]) -> None:
-    reward = row.get("reward/mean")
-    text = f"reward={reward:.3f}" if reward is not None else "reward=n/a"
-    text += f" loss={row.get('loss', 0.0):.4f} masked={row['episodes/masked']}"
-    if progress is not None:
-        progress.set_postfix_str(text)
-        progress.update(1)
-    else:
-        print(f"step {row['step']}: {text}", flush=True)

@@ -8,7 +8,9 @@ trained with. Lines are flushed as each group finishes, so a crash loses no fini
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,40 +21,60 @@ from bridges.workflows.types import Group
 
 class TraceWriter:
     """Appends episodes; ``resume_step`` (a training run resumed from that step's checkpoint) first cuts
-    the file back to the lines of steps up to it, so the steps run again after a crash appear once."""
+    the file back to the lines of steps up to it, so the steps run again after a crash appear once.
 
-    def __init__(self, path: str | Path, provenance: dict[str, Any], resume_step: int | None = None):
+    Several processes may append to one file (the trainer's ranks, verl's agent-loop workers): each
+    group's lines go out in one ``write`` under an exclusive ``flock``, so lines never interleave.
+    ``tidy=False`` opens without cutting anything (a process that is not the one preparing the file).
+    """
+
+    def __init__(
+        self, path: str | Path, provenance: dict[str, Any], resume_step: int | None = None, *, tidy: bool = True
+    ):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.provenance = dict(provenance)
-        _drop_partial_last_line(self.path)
-        if resume_step is not None:
-            _keep_steps_up_to(self.path, resume_step)
-        self._file = self.path.open("a")
+        if tidy:
+            _drop_partial_last_line(self.path)
+            if resume_step is not None:
+                _keep_steps_up_to(self.path, resume_step)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write_group(self, group: Group, **extra: Any) -> int:
         """Append one line per episode of ``group``; returns the number of lines written."""
-        for index, state in enumerate(group.states):
-            self._write(state, group.advantages[index] if index < len(group.advantages) else 0.0, extra)
-        self._file.flush()
+        lines = [
+            self._line(state, group.advantages[index] if index < len(group.advantages) else 0.0, extra)
+            for index, state in enumerate(group.states)
+        ]
+        self._append("".join(lines))
         return len(group.states)
 
     def write_state(self, state: Any, advantage: float | None = None, **extra: Any) -> None:
         """One rollout scored on its own (verl computes advantages after the rollout: ``None`` here)."""
-        self._write(state, advantage, extra)
-        self._file.flush()
+        self._append(self._line(state, advantage, extra))
 
-    def _write(self, state: Any, advantage: float | None, extra: dict[str, Any]) -> None:
+    def _line(self, state: Any, advantage: float | None, extra: dict[str, Any]) -> str:
         from bridges.results import state_to_record
 
         record = state_to_record(state)
         record["advantage"] = advantage
         versions = [t.weight_version for t in state.turns if t.weight_version is not None]
         provenance = {**self.provenance, "weight_version": min(versions) if versions else None, **extra}
-        self._file.write(json.dumps({**record, "provenance": provenance}) + "\n")
+        return json.dumps({**record, "provenance": provenance}) + "\n"
+
+    def _append(self, text: str) -> None:
+        data = memoryview(text.encode())
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -69,17 +91,20 @@ def open_run_files(
     model: str,
     sampling_args: dict[str, Any],
     step: int,
+    *,
+    main: bool = True,
 ) -> tuple[Any, TraceWriter]:
     """A training run's ``metrics.jsonl`` logger and ``traces.jsonl`` writer, both cut back to ``step``
-    (the checkpoint a resumed run starts from), with the provenance every trace line carries."""
+    (the checkpoint a resumed run starts from), with the provenance every trace line carries. A process
+    that is not the ``main`` one gets no logger and a writer that only appends."""
     import dataclasses
 
     from bridges.metrics import MetricsLogger
 
-    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step)
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step) if main else None
     provenance = {"backend": backend, "engine": engine, "model": model, "env_id": config.env,
                   "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed}  # fmt: skip
-    return logger, TraceWriter(run_dir / "traces.jsonl", provenance, resume_step=step)
+    return logger, TraceWriter(run_dir / "traces.jsonl", provenance, resume_step=step, tidy=main)
 
 
 def _drop_partial_last_line(path: Path) -> None:

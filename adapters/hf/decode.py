@@ -13,6 +13,8 @@ for many short ones.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,17 @@ def _stop_string_hit(tokenizer: Any, ids: list[int], stops: list[str], window: i
     return None
 
 
+@functools.cache
+def cache_keyword() -> str:
+    """The name of the KV-cache argument and output field: transformers renamed ``past_key_values`` to
+    ``cache`` (the old name still works there but warns on every forward), so the installed version's
+    own output class says which one to use."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in names else "past_key_values"
+
+
 def accepts_logits_to_keep(model: Any) -> bool:
     """Whether the prefill can skip the vocab projection of all but the last position."""
     return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -79,7 +92,7 @@ def _prefill(
     prefill_kwargs = {"logits_to_keep": 1} if logits_to_keep else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
                 **prefill_kwargs)  # fmt: skip
-    return out.logits[:, -1, :].float(), out.past_key_values, attention_mask, next_position
+    return out.logits[:, -1, :].float(), out[cache_keyword()], attention_mask, next_position
 
 
 def _finished(tokenizer: Any, row: RowRequest, result: RowResult, token: int, window: int) -> bool:
@@ -145,6 +158,6 @@ def generate_batch(
             active, alive = [active[pos] for pos in keep_list], [True] * n_alive
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
         out = model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
-                    past_key_values=cache, use_cache=True)  # fmt: skip
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+                    use_cache=True, **{cache_keyword(): cache})  # fmt: skip
+        cache, logits = out[cache_keyword()], out.logits[:, -1, :].float()
         next_position = next_position + 1

@@ -72,7 +72,7 @@ class HFEngine:
         tokenizer: Any,
         *,
         max_batch_size: int = 64,
-        device: str | Any = "cpu",
+        device: str | Any = "cpu",  # a torch device (from_pretrained resolves "auto" first)
         max_model_len: int | None = None,
         name: str = "hf",
     ) -> None:
@@ -106,26 +106,20 @@ class HFEngine:
         self._closed = False
 
     @classmethod
-    def from_pretrained(
-        cls, model: str, *, dtype: Any = None, device: str | Any = "cpu", **kw: Any
-    ) -> HFEngine:
-        """Load ``model`` ("tiny", a local folder or a hub id) through the ordinary from_pretrained path.
+    def from_pretrained(cls, model: str, *, dtype: str = "auto", device: str | Any = "auto", **kw: Any) -> HFEngine:
+        """Load ``model`` ("tiny", a local folder or a hub id) through ``bridges.hardware.load_causal_lm``:
+        ``device``/``dtype`` as every command takes them (``auto``: CUDA in bf16 where available, else the
+        CPU in fp32)."""
+        from transformers import AutoTokenizer
 
-        ``dtype`` defaults to float32 on CPU (bf16 matmuls are slow there) and to the checkpoint's
-        own dtype on an accelerator.
-        """
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+        from bridges.hardware import load_causal_lm, placement
         from bridges.tiny import resolve_model_path
 
         path = resolve_model_path(model)
-        if dtype is None:
-            dtype = torch.float32 if torch.device(device).type == "cpu" else "auto"
+        where = placement(str(device), dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         kw.setdefault("name", model)
-        return cls(loaded, tokenizer, device=device, **kw)
+        return cls(load_causal_lm(path, where), tokenizer, device=where.device, **kw)
 
     # ----------------------------------------------------------------------------------------------
     # generation

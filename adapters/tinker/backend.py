@@ -37,6 +37,9 @@ LOSS_FNS = ("importance_sampling", "ppo", "cispo")
 HONOURED_KEYS = shared_keys() - {
     "trainer.warmup_steps", "trainer.grad_accum_steps", "trainer.beta", "trainer.rollout_process",
     "trainer.lora_alpha", "trainer.lora_dropout", "trainer.lora_target_modules",
+    # the service (or the local server: CUDA when visible) decides where and how the model trains
+    "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
+    "trainer.num_processes", "trainer.strategy",
 }  # fmt: skip
 # the local server's (and Tinker's) optimizer metrics under the names every backend uses
 TINKER_METRIC_NAMES = {"optim/grad_norm": "grad_norm", "optim/lr": "lr", "optim/skipped": "skipped_nonfinite"}
@@ -53,12 +56,15 @@ class TinkerOptions:
     adam_beta2: float = option(0.999, gt=0.0, le=0.999999, help="Adam beta2")
     adam_eps: float = option(1e-8, gt=0.0, help="Adam epsilon")
 
-    def adam_params(self, trainer: Any) -> Any:
-        """Tinker's AdamParams from the shared optimisation keys (sent with every optim_step)."""
+    def adam_params(self, trainer: Any, model: str) -> Any:
+        """Tinker's AdamParams from the shared optimisation keys (sent with every optim_step); Tinker
+        trains LoRA adapters, so an unset learning rate takes the LoRA default."""
         from tinker import types
 
+        from bridges.train_config import learning_rate
+
         return types.AdamParams(
-            learning_rate=trainer.learning_rate,
+            learning_rate=learning_rate(trainer, model, lora=True),
             beta1=0.9,
             beta2=self.adam_beta2,
             eps=self.adam_eps,
@@ -168,7 +174,7 @@ class _Learner:
             model,
         )
         self.training, self.checkpoints = training, checkpoints
-        self.adam = options.adam_params(config.trainer)
+        self.adam = options.adam_params(config.trainer, config.model)
         self.sampler: Any = None
         self.weight_version = start.step  # one sampler per applied step
 
@@ -192,7 +198,7 @@ class _Learner:
 
         t = self.config.trainer
         if not samples:
-            return {"loss": 0.0, "grad_norm": 0.0, "lr": t.learning_rate, "datums": 0}
+            return {"loss": 0.0, "grad_norm": 0.0, "lr": self.adam.learning_rate, "datums": 0}
         datums = [sample_to_datum(s) for s in samples]
         backward = self.training.forward_backward(
             datums, self.options.loss_fn, self.options.loss_fn_config(t)

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import itertools
 import math
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from bridges.adapters.tinker.losses import datum_loss
+from bridges.token_logprobs import chunked_matches_plain, token_logprobs
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -67,18 +69,20 @@ class LoraPolicy:
 class LocalModel:
     """The base model, its tokenizer, and the LoRA policies trained on it."""
 
-    def __init__(self, path: str | Path, *, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, path: str | Path, *, device: str = "auto") -> None:
+        from transformers import AutoTokenizer
+
+        from bridges.hardware import load_causal_lm, placement
 
         self.path = str(path)
-        self.device = torch.device(device)
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
-        loaded: Any = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
-        self.base: Any = loaded.to(self.device).eval()
+        where = placement(device)
+        self.device = where.device
+        self.base: Any = load_causal_lm(self.path, where).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         config = self.base.config
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
         self.vocab_size = int(self.base.get_input_embeddings().num_embeddings)
+        self.chunked_logprobs = chunked_matches_plain(self.base, self.vocab_size)
         eos = self.tokenizer.eos_token_id
         self.eos_ids = {eos} if eos is not None else set()
 
@@ -100,9 +104,13 @@ class LocalModel:
             raise ValueError("the LoRA config trains nothing: enable train_attn, train_mlp or train_unembed.")
         if seed is not None:
             torch.manual_seed(seed)
-        model = get_peft_model(
-            copy.deepcopy(self.base), LoraConfig(r=rank, lora_alpha=rank, target_modules=targets)
-        )
+        with warnings.catch_warnings():
+            # Tinker's train_unembed adapts the output projection alone; on a tied model peft warns that
+            # the embedding does not share that adapter, which is the meaning here (nothing is merged)
+            warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True`")
+            model = get_peft_model(
+                copy.deepcopy(self.base), LoraConfig(r=rank, lora_alpha=rank, target_modules=targets)
+            )
         return LoraPolicy(model=model.train(), rank=rank)
 
     def forward_backward(
@@ -142,23 +150,18 @@ class LocalModel:
         return outputs, total
 
     def _batch_logprobs(self, model: Any, data: Sequence[TrainDatum]) -> torch.Tensor:
+        """Each datum's target logprobs (right-padded rows), through the trainer's own chunked
+        computation (``bridges.token_logprobs``): never all B×T×V logits at once."""
         width = max(len(d.tokens) for d in data)
-        ids_B_T = torch.zeros((len(data), width), dtype=torch.long)
-        targets_B_T = torch.zeros((len(data), width), dtype=torch.long)
-        mask_B_T = torch.zeros((len(data), width), dtype=torch.long)
+        ids_B_T = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
+        targets_B_T = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
+        mask_B_T = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
         for i, d in enumerate(data):
             n = len(d.tokens)
-            ids_B_T[i, :n] = torch.tensor(d.tokens)
-            targets_B_T[i, :n] = d.inputs["target_tokens"].long()
+            ids_B_T[i, :n] = torch.tensor(d.tokens, device=self.device)
+            targets_B_T[i, :n] = d.inputs["target_tokens"].long().to(self.device)
             mask_B_T[i, :n] = 1
-        logits = model(
-            input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device)
-        ).logits.float()
-        return (
-            torch.log_softmax(logits, dim=-1)
-            .gather(-1, targets_B_T.to(self.device).unsqueeze(-1))
-            .squeeze(-1)
-        )
+        return token_logprobs(model, ids_B_T, mask_B_T, targets_B_T, mask_B_T, chunked=self.chunked_logprobs)
 
     def optim_step(self, policy: LoraPolicy, adam: Mapping[str, float]) -> dict[str, float]:
         """One AdamW step with this call's hyperparameters (Tinker sends them every step)."""
@@ -270,5 +273,5 @@ class LocalModel:
         if len(prompt) < 2:
             return [math.nan] * len(prompt)
         with self._sampling_model(policy, weights) as model:
-            datum = TrainDatum(prompt[:-1], {"target_tokens": torch.tensor(prompt[1:])})
+            datum = TrainDatum(prompt[:-1], {"target_tokens": torch.tensor(prompt[1:], device="cpu")})  # as on the wire
             return [math.nan, *self._batch_logprobs(model, [datum])[0].cpu().tolist()]

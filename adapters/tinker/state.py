@@ -45,7 +45,7 @@ class TinkerServerConfig:
     model_name: str | None = option(None, help="the base_model name clients ask for (default: model)")
     host: str = option("127.0.0.1", help="bind address; a non-loopback one requires api_key")
     port: int = option(8000, ge=0, le=65535, help="port (0: a free one)")
-    device: str = option("cpu", help="torch device")
+    device: str = option("auto", help="torch device: auto (CUDA when visible, else CPU) | cpu | cuda | cuda:N")
     root: str = option("runs/tinker-server", help="where saves are written; no path a client names leaves it")
     api_key: str | None = option(None, help="required as X-API-Key (the SDK's TINKER_API_KEY) when set")
     log_level: str = option("warning", help="uvicorn's log level")

@@ -20,6 +20,7 @@ from typing import Any
 from bridges.backends import Backend
 from bridges.config import check_passthrough
 from bridges.errors import ConfigError, require_extra
+from bridges.launch import launched_size
 from bridges.train_config import TrainConfig, completion_budget, lora_config, shared_keys
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
@@ -31,9 +32,12 @@ TRL_METRIC_NAMES = {
 
 
 # TRL runs its own generation and step: no importance-ratio cap, no pipelining, no rollout process; its
-# rollout_func runs each batch's groups with the environment's own concurrency
+# rollout_func runs each batch's groups with the environment's own concurrency. Several processes are
+# accelerate's data parallelism (FSDP and DeepSpeed through TRL's own accelerate config); the logprob
+# computation is TRL's.
 HONOURED_KEYS = shared_keys() - {
     "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
+    "trainer.strategy", "trainer.logprob_chunk_tokens",
 }  # fmt: skip
 
 
@@ -49,17 +53,19 @@ def parse_options(section: dict[str, Any]) -> dict[str, Any]:
 
 def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str, Any]:
     """Shared keys -> ``GRPOConfig`` fields, then the ``trl.*`` pass-through on top."""
-    import torch
+    from bridges.hardware import placement
 
     t = config.trainer
-    cpu = not torch.cuda.is_available()
+    processes = max(t.num_processes, launched_size())
+    where = placement(t.device, t.dtype)
+    cpu = where.device.type == "cpu"
     kwargs: dict[str, Any] = {
         "output_dir": str(run_dir),
         "max_steps": t.max_steps,
-        "per_device_train_batch_size": t.batch_size * t.group_size,
+        "per_device_train_batch_size": t.batch_size // processes * t.group_size,  # whole groups per process
         "num_generations": t.group_size,
         "gradient_accumulation_steps": t.grad_accum_steps,
-        "learning_rate": t.learning_rate,
+        "learning_rate": config.resolved_learning_rate,
         "lr_scheduler_type": "constant_with_warmup",
         "warmup_steps": t.warmup_steps,
         "weight_decay": t.weight_decay,
@@ -72,7 +78,11 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
         "top_p": config.sampling.top_p,
         "seed": config.seed,
         "use_cpu": cpu,
-        "bf16": not cpu,
+        # the Trainer's mixed precision: fp32 weights and optimizer, the forward under autocast
+        "bf16": str(where.dtype) == "torch.bfloat16",
+        "fp16": str(where.dtype) == "torch.float16",
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "ddp_find_unused_parameters": False,  # every parameter takes part in the forward (LoRA: peft's own)
         "report_to": "none" if config.report_to == "none" else [config.report_to],
         "logging_steps": 1,
         "save_strategy": "steps" if config.save_every > 0 else "no",
@@ -104,9 +114,10 @@ def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def metrics_callback(logger: Any, rollouts_per_step: int) -> Any:
+def metrics_callback(logger: Any, rollouts_per_step: int, progress: Any = None) -> Any:
     """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens
-    (with ``episodes/total``, the rollouts of the step, which TRL does not log)."""
+    (with ``episodes/total``, the rollouts of the step, which TRL does not log) and shows the step on
+    ``progress`` (a ``StepProgress``), the view every backend shares."""
     from transformers import TrainerCallback
 
     from bridges.metrics import renamed
@@ -114,19 +125,39 @@ def metrics_callback(logger: Any, rollouts_per_step: int) -> Any:
     class MetricsFile(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
             if logs and "reward" in logs:
-                row = {"step": state.global_step, "episodes/total": rollouts_per_step, **logs}
-                logger.log(renamed(row, TRL_METRIC_NAMES))
+                row = renamed({"step": state.global_step, "episodes/total": rollouts_per_step, **logs},
+                              TRL_METRIC_NAMES)  # fmt: skip
+                if logger is not None:
+                    logger.log(row)
+                if progress is not None:
+                    progress.report(row)
 
     return MetricsFile()
+
+
+def quiet_console(trainer: Any) -> None:
+    """Drop the transformers callbacks that print every log dict to the console (``ProgressCallback``
+    writes it under its bar, ``PrinterCallback`` prints it): the step view is ``StepProgress``'s."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
 
 
 def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
+    from bridges.hardware import check_device
     from bridges.preflight import check_lora_targets, check_model
     from bridges.registry import load_environment
 
     check_model(config.model)
+    check_device(config.trainer.device, "trainer.device")
+    if config.trainer.device.startswith("cuda:") and config.trainer.device != "cuda:0":
+        raise ConfigError(
+            f"backend=trl lets accelerate place the model, so trainer.device={config.trainer.device} cannot "
+            "choose the GPU; set CUDA_VISIBLE_DEVICES instead, and trainer.device=auto."
+        )
     if config.trainer.lora_rank > 0:
         check_lora_targets(config.model, config.trainer.lora_target_modules)
     if config.engine not in ("auto", "hf"):
@@ -140,12 +171,15 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
 def run(config: TrainConfig, options: dict[str, Any]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "backend=trl")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
     from bridges.adapters.trl import trl_trainer_kwargs
     from bridges.adapters.trl.checkpoints import resume_point
-    from bridges.metrics import MetricsLogger, finish_run
+    from bridges.hardware import load_causal_lm, placement
+    from bridges.launch import is_main_process
+    from bridges.metrics import MetricsLogger, StepProgress, finish_run
     from bridges.registry import load_environment
     from bridges.tiny import resolve_model_path
 
@@ -154,25 +188,32 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     args = build_grpo_config(grpo_config_kwargs(config, env, run_dir))
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
     t = config.trainer
+    # the Trainer places the model and keeps its weights fp32 (mixed precision is its autocast)
+    model = load_causal_lm(path, placement(t.device, t.dtype), weights_dtype=torch.float32)
     resume, step = resume_point(run_dir, config.resume)
-    logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
+    main = is_main_process()  # with several processes the first one alone writes the run's files
+    logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step) if main else None
+    progress = StepProgress(config.progress, t.max_steps, step, "trl", shown=main)
     trainer = GRPOTrainer(
         model=model,
         args=args,
         processing_class=tokenizer,
         peft_config=lora_config(t),
-        callbacks=[metrics_callback(logger, t.batch_size * t.group_size)],
+        callbacks=[metrics_callback(logger, t.batch_size * t.group_size, progress)],
         **trl_trainer_kwargs(env, num_generations=t.group_size),
     )
+    quiet_console(trainer)
     try:
         trainer.train(resume_from_checkpoint=resume)
     finally:
-        logger.close()
-    finish_run(
-        logger.rows, run_dir, f"{config.env} · {config.model} · trl", ["metrics.jsonl", "TRL checkpoints"]
-    )
+        progress.close()
+        if logger is not None:
+            logger.close()
+    if logger is not None:
+        finish_run(
+            logger.rows, run_dir, f"{config.env} · {config.model} · trl", ["metrics.jsonl", "TRL checkpoints"]
+        )
     return 0
 
 

@@ -42,34 +42,41 @@ def _metrics_callback(logger: Any) -> Any:
 
 
 def _sft_args(config: Any, run_dir: Path) -> Any:
-    import torch
     from trl import SFTConfig
 
+    from bridges.hardware import placement
+    from bridges.train_config import learning_rate
+
     t = config.trainer
+    where = placement(t.device, t.dtype)  # the Trainer's mixed precision: fp32 weights, autocast forward
     return SFTConfig(
         output_dir=str(run_dir), max_steps=t.max_steps, per_device_train_batch_size=t.batch_size,
-        gradient_accumulation_steps=t.grad_accum_steps, learning_rate=t.learning_rate, warmup_steps=t.warmup_steps,
+        gradient_accumulation_steps=t.grad_accum_steps, learning_rate=learning_rate(t, config.model, lora=t.lora_rank > 0), warmup_steps=t.warmup_steps,
         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, lr_scheduler_type="constant_with_warmup",
         logging_steps=1, save_strategy="steps", save_steps=config.save_every or t.max_steps,
         save_total_limit=config.keep_checkpoints or None, report_to=[], seed=config.seed, data_seed=config.seed,
-        disable_tqdm=not config.progress, max_length=config.max_length, use_cpu=not torch.cuda.is_available(),
-        bf16=False, **config.sft,
+        disable_tqdm=not config.progress, max_length=config.max_length, use_cpu=where.device.type == "cpu",
+        bf16=str(where.dtype) == "torch.bfloat16", fp16=str(where.dtype) == "torch.float16",
+        gradient_checkpointing=t.gradient_checkpointing, **config.sft,
     )  # fmt: skip
 
 
 def run_sft(config: Any, run_dir: Path) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "bridges.sft")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
     from trl import SFTTrainer
 
     from bridges.adapters.trl.checkpoints import resume_point
+    from bridges.hardware import load_causal_lm, placement
     from bridges.metrics import MetricsLogger, plot_curve
     from bridges.tiny import resolve_model_path
     from bridges.train_config import lora_config
 
     path = resolve_model_path(config.model)
-    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    where = placement(config.trainer.device, config.trainer.dtype)
+    tokenizer, model = AutoTokenizer.from_pretrained(path), load_causal_lm(path, where, weights_dtype=torch.float32)
     resume, step = resume_point(run_dir, config.resume)
     logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
     trainer = SFTTrainer(model=model, args=_sft_args(config, run_dir), train_dataset=training_rows(config.data),

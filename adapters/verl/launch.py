@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,9 @@ MICRO_BATCH_PER_GPU = (
 HONOURED_KEYS = shared_keys() - {
     "trainer.grad_accum_steps", "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent",
     "trainer.rollout_process", "trainer.lora_dropout",
+    # verl places, shards and checkpoints its own workers (verl.trainer.n_gpus_per_node, verl.actor_rollout_ref.*)
+    "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
+    "trainer.num_processes", "trainer.strategy",
 }  # fmt: skip
 
 
@@ -166,7 +168,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
 
     rows = fold_metrics(run_dir, resume_step)
     if code != 0:
-        print(f"verl's trainer exited with code {code} (its output is above); the steps it finished are in "
+        print(f"verl's trainer exited with code {code}; the steps it finished are in "
               f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)  # fmt: skip
     else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
@@ -190,7 +192,7 @@ def overrides(
         "data.max_response_length": response_length,
         "data.seed": config.seed,
         "actor_rollout_ref.model.path": model_path,
-        "actor_rollout_ref.actor.optim.lr": t.learning_rate,
+        "actor_rollout_ref.actor.optim.lr": config.resolved_learning_rate,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
         "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
         "actor_rollout_ref.actor.grad_clip": t.max_grad_norm,
@@ -343,14 +345,16 @@ def worker_pythonpath() -> str:
 
 def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("verl", "verl", "backend=verl")
+    from bridges.adapters.verl.console import run_verl
     from bridges.adapters.verl.run_files import NATIVE_METRICS, cut_back
+    from bridges.metrics import StepProgress
 
     command, files, env = prepare(config)
     run_dir = files["run_dir"]
     resume_step = cut_back(run_dir, config.resume)
     env["VERL_FILE_LOGGER_PATH"] = str(run_dir / NATIVE_METRICS)
-    print(shlex.join(command), flush=True)
-    return finish(config, run_dir, resume_step, subprocess.call(command, env={**os.environ, **env}))
+    progress = StepProgress(config.progress, config.trainer.max_steps, resume_step, "verl")
+    return finish(config, run_dir, resume_step, run_verl(command, {**os.environ, **env}, run_dir, progress))
 
 
 BACKEND = Backend(

@@ -6,12 +6,18 @@ The trl workaround: verl's model patching imports ``AutoModelForCausalLMWithValu
 ``is_trl_available()``, and trl 1.x no longer has that class, so any process with both installed
 (our own ``[dev]`` set) crashes, on a GPU as well. Only value-head (critic) models use the class, so
 verl is told trl is available exactly when trl still provides it.
+
+verl's agent loop resolves a "Continuous Token builder" from the model's ``model_type`` once per
+trajectory, and for a type it has no builder for (Llama, our tiny models) warns each time: a warning
+per rollout, thousands in a run. ``_once_per_process`` lets exactly that message through once in each
+verl process; every other record of that logger, and every other warning, is untouched.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 
 from bridges.errors import require_extra
@@ -31,8 +37,33 @@ def _fix_trl_probe() -> None:
     setattr(import_utils, "is_trl_available", trl_has_value_head)  # noqa: B010 (a patch, on purpose)
 
 
+BUILDER_LOGGER = "verl.utils.tokenizer.continuous_token_wiring"
+BUILDER_FALLBACK = "No model-specific Continuous Token builder is registered"
+
+
+class _OncePerProcess(logging.Filter):
+    """Passes the first record whose message starts with ``prefix``, drops the repeats, passes the rest."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix, self.seen = prefix, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        seen, self.seen = self.seen, True
+        return not seen
+
+
+def _once_per_process() -> None:
+    builder_logger = logging.getLogger(BUILDER_LOGGER)
+    if not any(isinstance(f, _OncePerProcess) for f in builder_logger.filters):
+        builder_logger.addFilter(_OncePerProcess(BUILDER_FALLBACK))
+
+
 def install() -> None:
     _fix_trl_probe()
+    _once_per_process()
     if os.environ.get(CPU_FLAG) == "1":
         from bridges.adapters.verl import cpu_platform
 

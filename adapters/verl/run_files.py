@@ -33,7 +33,7 @@ _WRITERS: dict[str, TraceWriter] = {}
 def trace_writer(run_dir: str, provenance: dict[str, Any]) -> TraceWriter:
     """One appending writer per run per process (verl builds an agent loop per trajectory)."""
     if run_dir not in _WRITERS:
-        _WRITERS[run_dir] = TraceWriter(Path(run_dir) / "traces.jsonl", provenance)
+        _WRITERS[run_dir] = TraceWriter(Path(run_dir) / "traces.jsonl", provenance, tidy=False)  # cut back at launch
     return _WRITERS[run_dir]
 
 

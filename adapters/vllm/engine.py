@@ -24,6 +24,19 @@ from bridges.errors import require_extra
 from bridges.types import FinishReason, Sample, SamplingParams
 
 
+def engine_arguments(path: str, lora_rank: int, user: dict[str, Any]) -> dict[str, Any]:
+    """The ``vllm.AsyncEngineArgs`` fields an engine over ``path`` is built with: ours, then the user's."""
+    return {
+        "model": path,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": "bridges.adapters.vllm.worker_extension.WeightSyncExtension",
+        "gpu_memory_utilization": 0.5,  # leave room for the trainer on the same GPU
+        "enable_prefix_caching": True,
+        **({"enable_lora": True, "max_lora_rank": lora_rank} if lora_rank > 0 else {}),
+        **user,
+    }
+
+
 def sampling_kwargs(params: SamplingParams, n: int) -> dict[str, Any]:
     """Our ``SamplingParams`` as keyword arguments for ``vllm.SamplingParams``."""
     kwargs: dict[str, Any] = {
@@ -89,24 +102,18 @@ class VLLMEngine:
 
     @classmethod
     def from_pretrained(cls, model: str, *, lora_rank: int = 0, **engine_args: Any) -> VLLMEngine:
+        """``engine_args`` are ``vllm.AsyncEngineArgs`` fields (``vllm.*`` on the command line). Where the
+        engine runs is vLLM's own business (``CUDA_VISIBLE_DEVICES``, ``tensor_parallel_size``): there is
+        no device argument."""
         vllm = require_extra("vllm", "vllm", "the vLLM engine")
         from transformers import AutoTokenizer
 
         from bridges.tiny import resolve_model_path
 
         path = resolve_model_path(model)
-        args = {
-            "model": path,
-            "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": "bridges.adapters.vllm.worker_extension.WeightSyncExtension",
-            "gpu_memory_utilization": 0.5,  # leave room for the trainer on the same GPU
-            "enable_prefix_caching": True,
-            **({"enable_lora": True, "max_lora_rank": lora_rank} if lora_rank > 0 else {}),
-            **engine_args,
-        }
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        llm = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
+        llm = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**engine_arguments(path, lora_rank, engine_args)))
         return cls(
             llm,
             AutoTokenizer.from_pretrained(path),
@@ -115,9 +122,12 @@ class VLLMEngine:
         )
 
     @classmethod
-    def for_training(cls, config: Any, policy: Any, tokenizer: Any) -> VLLMEngine:
-        """The engine the GRPO trainer samples from (extra vLLM options come from ``vllm.*``)."""
-        return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank, **dict(config.vllm))
+    def for_training(cls, config: Any, where: Any, tokenizer: Any) -> VLLMEngine:
+        """The engine the GRPO trainer samples from, in the dtype the policy computes in (so the first
+        importance ratio is 1); extra vLLM options come from ``vllm.*``."""
+        dtype = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(str(where.dtype), "float32")
+        return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank,
+                                   **{"dtype": dtype, **dict(config.vllm)})  # fmt: skip
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         vllm = require_extra("vllm", "vllm", "the vLLM engine")

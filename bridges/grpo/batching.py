@@ -23,8 +23,8 @@ class Batch:
     advantages_B: torch.Tensor
 
 
-def collate(samples: list[TrainingSample], pad_token_id: int) -> Batch:
-    """Right-pad samples into one batch (padding is masked out of attention and loss)."""
+def collate(samples: list[TrainingSample], pad_token_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Right-pad samples into one batch on ``device`` (padding is masked out of attention and loss)."""
     if not samples:
         raise ValueError("cannot collate an empty list of samples.")
     length = max(len(s.token_ids) for s in samples)
@@ -39,9 +39,16 @@ def collate(samples: list[TrainingSample], pad_token_id: int) -> Batch:
         loss_mask.append([*sample.loss_mask[1:], *([0] * pad)])
         sampler_logps.append([*sample.logprobs[1:], *([0.0] * pad)])
     return Batch(
-        input_ids_B_L=torch.tensor(ids, dtype=torch.long),
-        attention_mask_B_L=torch.tensor(attention, dtype=torch.long),
-        loss_mask_B_T=torch.tensor(loss_mask, dtype=torch.float32),
-        sampler_logps_B_T=torch.tensor(sampler_logps, dtype=torch.float32),
-        advantages_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        input_ids_B_L=torch.tensor(ids, dtype=torch.long, device=device),
+        attention_mask_B_L=torch.tensor(attention, dtype=torch.long, device=device),
+        loss_mask_B_T=torch.tensor(loss_mask, dtype=torch.float32, device=device),
+        sampler_logps_B_T=torch.tensor(sampler_logps, dtype=torch.float32, device=device),
+        advantages_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
     )
+
+
+def padding_sample(pad_token_id: int) -> TrainingSample:
+    """Two padding tokens, one scored with advantage 0: the micro-batch a process runs when it has fewer
+    than the others. With several processes every forward and backward is a collective over the same
+    parameters, so it runs the whole graph (head included) and contributes a zero gradient."""
+    return TrainingSample(token_ids=[pad_token_id] * 2, loss_mask=[0, 1], logprobs=[0.0, 0.0], advantage=0.0)

@@ -32,10 +32,15 @@ class LossConfig:
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor
+    loss: torch.Tensor  # the batch's loss: the mean of per_sample_B
+    per_sample_B: torch.Tensor  # each sequence's loss (a trainer normalising over several batches sums these)
     clip_fraction: float
     mean_ratio: float
     kl: float
+    tokens: float  # loss tokens, and the token sums behind the three means above
+    clipped_tokens: float
+    ratio_sum: float
+    kl_sum: float
 
 
 def policy_loss(
@@ -55,30 +60,33 @@ def policy_loss(
     unclipped_B_T = ratio_B_T if config.ratio_cap is None else torch.clamp(ratio_B_T, max=config.ratio_cap)
     per_token_B_T = -torch.min(unclipped_B_T * advantages_B_1, clipped_B_T * advantages_B_1)
 
-    kl = 0.0
+    kl_sum = 0.0
     if config.beta != 0.0:
         if ref_logps_B_T is None:
             raise ValueError("beta != 0 needs reference-model logprobs (ref_logps_B_T).")
         delta_B_T = ref_logps_B_T - logps_B_T
         kl_B_T = torch.exp(delta_B_T) - delta_B_T - 1
         per_token_B_T = per_token_B_T + config.beta * kl_B_T
-        kl = float((kl_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1.0))
+        kl_sum = float((kl_B_T * mask_B_T).sum())
 
-    if config.loss_type == "grpo":
-        loss = ((per_token_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)).mean()
-    elif config.loss_type == "dr_grpo":
-        loss = (per_token_B_T * mask_B_T).sum() / (per_token_B_T.size(0) * config.max_completion_length)
+    if config.loss_type == "grpo":  # each sequence's mean over its loss tokens
+        per_sample_B = (per_token_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)
+    elif config.loss_type == "dr_grpo":  # each sequence's sum over a constant length
+        per_sample_B = (per_token_B_T * mask_B_T).sum(-1) / config.max_completion_length
     else:
         raise ValueError(f"unknown loss_type '{config.loss_type}'; use 'grpo' or 'dr_grpo'.")
 
     with torch.no_grad():
-        tokens = mask_B_T.sum().clamp(min=1.0)
+        tokens = float(mask_B_T.sum())
         is_clipped = ((ratio_B_T < 1 - config.epsilon) & (advantages_B_1 < 0)) | (
             (ratio_B_T > 1 + eps_high) & (advantages_B_1 > 0)
         )
-        clip_fraction = float((is_clipped.to(mask_B_T.dtype) * mask_B_T).sum() / tokens)
-        mean_ratio = float((ratio_B_T * mask_B_T).sum() / tokens)
-    return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio, kl=kl)
+        clipped = float((is_clipped.to(mask_B_T.dtype) * mask_B_T).sum())
+        ratio_sum = float((ratio_B_T * mask_B_T).sum())
+    shown = max(tokens, 1.0)
+    return LossOutput(loss=per_sample_B.mean(), per_sample_B=per_sample_B, clip_fraction=clipped / shown,
+                      mean_ratio=ratio_sum / shown, kl=kl_sum / shown, tokens=tokens, clipped_tokens=clipped,
+                      ratio_sum=ratio_sum, kl_sum=kl_sum)  # fmt: skip
 
 
 def sequence_logprobs(
@@ -86,21 +94,23 @@ def sequence_logprobs(
     input_ids_B_L: torch.Tensor,
     attention_mask_B_L: torch.Tensor,
     temperature: float = 1.0,
+    wanted_B_T: torch.Tensor | None = None,
+    chunk_tokens: int = 256,
+    chunked: bool = True,
 ) -> torch.Tensor:
-    """Logprob of each token given its prefix: out[:, t] = log p(ids[t+1] | ids[:t+1]), shape (B, L-1).
+    """Logprob of each token given its prefix: out[:, t] = log p(ids[t+1] | ids[:t+1]), shape (B, L-1),
+    float32; only where ``wanted_B_T`` (default: every real token), 0 elsewhere.
 
     Logits are divided by the sampling temperature so the ratio compares the same distribution the
-    engine sampled from (the engine reports temperature-scaled logprobs).
+    engine sampled from (the engine reports temperature-scaled logprobs). The vocabulary projection runs
+    in chunks (``bridges.token_logprobs``) unless ``chunked`` is false.
     """
-    position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
-    logits_B_L_V = model(
-        input_ids=input_ids_B_L,
-        attention_mask=attention_mask_B_L,
-        position_ids=position_ids_B_L,
-        use_cache=False,  # one forward over whole sequences: a KV cache would only be built and dropped
-    ).logits
-    logits_B_L_V = logits_B_L_V[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits_B_L_V = logits_B_L_V / temperature
-    targets_B_L = input_ids_B_L[:, 1:]
-    return torch.log_softmax(logits_B_L_V, dim=-1).gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1)
+    from bridges.token_logprobs import token_logprobs
+
+    targets_B_L = torch.roll(input_ids_B_L, -1, dims=1)
+    if wanted_B_T is None:
+        wanted_B_T = attention_mask_B_L[:, 1:]
+    wanted_B_L = torch.cat([wanted_B_T, torch.zeros_like(wanted_B_T[:, :1])], dim=1)
+    logps_B_L = token_logprobs(model, input_ids_B_L, attention_mask_B_L, targets_B_L, wanted_B_L,
+                               temperature=temperature, chunk_tokens=chunk_tokens, chunked=chunked)  # fmt: skip
+    return logps_B_L[:, :-1]

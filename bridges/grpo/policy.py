@@ -1,30 +1,37 @@
 """The policy the GRPO trainer trains and the engine that samples it.
 
 Shared by the trainer and the rollout child process (``rollout_process``), which builds its own
-copy of the policy: keeping it here lets both import it without importing each other.
+copy of the policy: keeping it here lets both import it without importing each other. Both load
+through ``bridges.hardware.load_causal_lm``, so the engine samples in the dtype the policy computes
+in (``trainer.dtype``) and the first importance ratio of a run is 1.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from bridges.engines import engine_class
+from bridges.hardware import Placement, load_causal_lm
 from bridges.train_config import TrainConfig, lora_config
 from bridges.types import TrainableEngine
 
 
-def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
-    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, through from_pretrained."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_policy(config: TrainConfig, where: Placement) -> tuple[torch.nn.Module, Any]:
+    """The trainable policy (optionally LoRA-wrapped) on ``where.device`` in ``where.dtype``, and its
+    tokenizer; activation checkpointing if ``trainer.gradient_checkpointing``."""
+    from transformers import AutoTokenizer
 
     from bridges.tiny import resolve_model_path
 
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy = load_causal_lm(path, where)
+    if config.trainer.gradient_checkpointing:
+        # non-reentrant: works with frozen inputs (LoRA) and with FSDP, no enable_input_require_grads needed
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy.config.use_cache = False  # the training forward runs over whole sequences
     lora = lora_config(config.trainer)
     if lora is not None:
         from bridges.errors import require_extra
@@ -33,17 +40,20 @@ def load_policy(config: TrainConfig) -> tuple[torch.nn.Module, Any]:
     return policy, tokenizer
 
 
-def make_engine(config: TrainConfig, policy: torch.nn.Module, tokenizer: Any) -> Any:
-    """The generation engine behind the client: vLLM on a GPU, the transformers engine otherwise."""
+def make_engine(config: TrainConfig, where: Placement, tokenizer: Any, processes: int = 1) -> Any:
+    """The generation engine behind the client: vLLM on a GPU (one training process), the transformers
+    engine otherwise. Its weights start as the checkpoint's; the trainer pushes the policy's before the
+    first rollout."""
     choice = config.engine
     if choice == "auto":
-        choice = "vllm" if torch.cuda.is_available() and _vllm_installed() else "hf"
+        choice = "vllm" if where.device.type == "cuda" and processes == 1 and _vllm_installed() else "hf"
     if choice == "vllm":
-        return engine_class("vllm").for_training(config, policy, tokenizer)
-    # The engine gets its own copy of the weights: training mutates the policy in another thread
-    # while the engine samples the next batch, and a batch must never see half-updated weights.
-    engine_model = copy.deepcopy(policy).eval()
-    return engine_class("hf")(engine_model, tokenizer, max_batch_size=max(64, config.trainer.group_size))
+        return engine_class("vllm").for_training(config, where, tokenizer)
+    # its own copy of the weights: training changes the policy in another thread while the engine
+    # samples the next batch, and a batch must never see half-updated weights
+    engine_model, _ = load_policy(config, where)
+    return engine_class("hf")(engine_model.eval(), tokenizer, device=where.device,
+                              max_batch_size=max(64, config.trainer.group_size))  # fmt: skip
 
 
 def _vllm_installed() -> bool:
@@ -52,11 +62,12 @@ def _vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-async def sync_weights(engine: TrainableEngine, policy: torch.nn.Module) -> None:
-    """Push the new policy weights to the engine; its weight_version increments.
+def trainable_names(policy: torch.nn.Module) -> set[str]:
+    """What travels to the engine after a step: the trained tensors (the LoRA matrices for an adapter)."""
+    return {n for n, p in policy.named_parameters() if p.requires_grad}
 
-    Only trainable tensors travel (the LoRA matrices when training an adapter).
-    """
-    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
-    state = {k: v for k, v in policy.state_dict().items() if k in trainable}
+
+async def sync_weights(engine: TrainableEngine, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
+    """Push the policy's trained tensors (``state``, whole tensors by name) to the engine; its
+    weight_version increments."""
     await engine.aupdate_weights(state, policy=policy)

@@ -25,7 +25,7 @@ import torch
 from bridges.errors import EngineError
 
 
-def _worker_main(conn: Any, config: Any, shared: dict[str, torch.Tensor], lock: Any) -> None:
+def _worker_main(conn: Any, config: Any, where: Any, shared: dict[str, torch.Tensor], lock: Any) -> None:
     """The child: build the environment and the engine, then answer requests until told to stop."""
     try:
         torch.set_num_threads(1)
@@ -38,10 +38,10 @@ def _worker_main(conn: Any, config: Any, shared: dict[str, torch.Tensor], lock: 
         t = config.trainer
         env = load_environment(config.env, **config.env_args)
         env.max_concurrent = t.max_concurrent
-        model, tokenizer = load_policy(config)
+        model, tokenizer = load_policy(config, where)
         with lock:
             model.load_state_dict(shared, strict=False)
-        engine = HFEngine(model.eval(), tokenizer, max_batch_size=max(64, t.group_size))
+        engine = HFEngine(model.eval(), tokenizer, device=where.device, max_batch_size=max(64, t.group_size))
         client = EngineClient(engine, model_name=config.model)
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
         params = dict(model.named_parameters())
@@ -78,18 +78,23 @@ class ProcessRollouts:
 
     name = "hf (rollout process)"
 
-    def __init__(self, config: Any, policy: torch.nn.Module) -> None:
+    def __init__(self, config: Any, where: Any) -> None:
         import torch.multiprocessing as mp
 
+        from bridges.grpo.policy import load_policy, trainable_names
+
         context = mp.get_context("spawn")
+        # the trained tensors live in shared memory; the child loads the rest from the checkpoint itself
+        policy, _ = load_policy(config, where)
         self._shared = {
-            name: tensor.detach().clone().share_memory_() for name, tensor in policy.state_dict().items()
-        }
-        self._trainable = [name for name, p in policy.named_parameters() if p.requires_grad]
+            name: p.detach().to("cpu").clone().share_memory_() for name, p in policy.named_parameters()
+            if name in trainable_names(policy)
+        }  # fmt: skip
+        del policy
         self._lock = context.Lock()
         self._conn, child = context.Pipe()
         self._process = context.Process(
-            target=_worker_main, args=(child, config, self._shared, self._lock), daemon=True
+            target=_worker_main, args=(child, config, where, self._shared, self._lock), daemon=True
         )
         self._process.start()
         child.close()
@@ -126,12 +131,11 @@ class ProcessRollouts:
         self._conn.send(("generate", rows, args))
         return future
 
-    async def update_weights(self, policy: torch.nn.Module) -> None:
-        """Copy the trainable tensors into shared memory; the child applies them before its next batch."""
-        params = dict(policy.named_parameters())
+    async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
+        """Copy the trained tensors into shared memory; the child applies them before its next batch."""
         with self._lock, torch.no_grad():
-            for name in self._trainable:
-                self._shared[name].copy_(params[name])
+            for name, tensor in state.items():
+                self._shared[name].copy_(tensor)
         self._conn.send(("weights",))
         self.weight_version += 1
 

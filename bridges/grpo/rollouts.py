@@ -29,8 +29,9 @@ class Rollouts(Protocol):
         """Begin generating one batch (``rows``, sampling ``args``); the future holds its scored groups."""
         ...
 
-    async def update_weights(self, policy: torch.nn.Module) -> None:
-        """Hand the policy's new trainable weights to the engine; the weight version increments."""
+    async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
+        """Hand the policy's trained tensors (``state``, whole tensors by name) to the engine; the weight
+        version increments."""
         ...
 
     async def aclose(self) -> None: ...
@@ -61,8 +62,8 @@ class InProcessRollouts:
                        advantage=self._advantage)
         )  # fmt: skip
 
-    async def update_weights(self, policy: torch.nn.Module) -> None:
-        await sync_weights(self.engine, policy)
+    async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
+        await sync_weights(self.engine, state, policy)
 
     async def aclose(self) -> None:
         await self.engine.aclose()

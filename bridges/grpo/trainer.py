@@ -2,7 +2,8 @@
 
 Read top to bottom: setup, one training step, the run. The loop itself (data order, the pipeline of
 batches generated ahead, traces, metrics, save cadence, the non-finite guard) is
-``workflows.run_loop``, shared with the Tinker backend, so the two cannot drift apart.
+``workflows.run_loop``, shared with the Tinker backend, so the two cannot drift apart. The lines
+that exist only for several processes are marked ``[distributed]``; with one process they do nothing.
 
 Included
 - GRPO with group-relative advantages over the *valid* rollouts of each group (``grpo``:
@@ -13,41 +14,77 @@ Included
   training on step k, so samples are up to ``num_batches_ahead`` weight versions old.
 - Optional KL to a frozen reference model (``beta``, k3 estimator), gradient accumulation, max grad
   norm, linear warmup, full fine-tuning or peft LoRA.
-- Rollouts in the trainer's process, or (``rollout_process=true``) in a child process that takes
-  new weights through shared memory, so on a CPU generation overlaps training for real.
+- Where it runs (``bridges.hardware``): ``trainer.device`` (auto = CUDA when visible) for the policy,
+  the reference model, the optimizer state, every batch tensor and the hf engine.
+- Precision (``trainer.dtype``, auto = bf16 on a CUDA device that has it, fp32 on a CPU): the model
+  computes in that dtype and the engine samples from the same half weights, so the first importance
+  ratio is 1; the optimizer steps fp32 masters with fp32 moments (``precision.py``); logprobs and the
+  loss are fp32; fp16 adds dynamic loss scaling. On the CPU the first step's logprobs are within
+  1e-2 of fp32's, its loss within 1e-3 and its gradient norm within 1%
+  (``tests/grpo/test_precision_and_resume.py``).
+- Memory: the sampled ids' logprobs never hold all B×T×V logits (``bridges.token_logprobs``: the
+  vocabulary projection in chunks of ``trainer.logprob_chunk_tokens`` loss positions, recomputed in the
+  backward), ``trainer.gradient_checkpointing``, sdpa attention (flash-attention 2 on CUDA when
+  installed), AdamW one tensor at a time.
+- Several processes (``trainer.num_processes=N``, or under torchrun / accelerate launch): each process
+  rolls out and trains its share of every step's groups (a group never splits), then only gradients
+  (``ddp``: one fp32 all-reduce; ``fsdp``: FSDP2's reduce-scatter) and metrics cross (``parallel.py``).
+  One process writes metrics and checkpoints; every process appends its own episodes to the traces.
+- Rollouts in the trainer's process, or (``rollout_process=true``, one CPU process) in a child process
+  that takes new weights through shared memory, so on a CPU generation overlaps training for real.
 - Failure isolation from ``workflows``: a failed rollout is a masked group member, a group with no
   reward variance or < 2 valid members contributes no gradient; both are counted.
-- Checkpoints (weights/adapter, optimizer, scheduler, step, data position, RNG) and exact resume;
-  traces of every episode; metrics.jsonl, console, wandb, and a PNG reward curve.
+- Checkpoints (weights/adapter, fp32 trained tensors, optimizer, scheduler, step, data position, RNG)
+  and exact resume, under another number of processes too; traces of every episode; metrics.jsonl,
+  console, wandb, and a PNG reward curve.
 
 Left out, on purpose
 - Multiple optimisation epochs per batch (``num_iterations``): with a fresh batch every step and
   async generation the extra epochs buy little and need a recomputed "old" policy.
 - Entropy bonus, length penalties, dynamic sampling (DAPO's resampling of zero-variance groups):
   they are policy choices a user can add in the environment's rubric or in a fork of this file.
-- Sequence packing and multi-GPU sharding: the loop stays readable; large jobs belong on verl.
+- Sequence packing, tensor and pipeline parallelism, DeepSpeed: the loop stays readable; FSDP2 shards
+  what ZeRO-3 shards, and models that need more than sharding belong on verl.
+- Inference on separate servers: the engine lives in each training process (vLLM colocated on a GPU).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
+import functools
 import math
 import os
 import random
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bridges.backends import Backend
-from bridges.grpo.batching import collate
+from bridges.grpo.batching import collate, padding_sample
 from bridges.grpo.checkpoint import resume_latest_intact, save_checkpoint
-from bridges.grpo.loss import LossConfig, policy_loss, sequence_logprobs
-from bridges.grpo.policy import load_policy, make_engine
+from bridges.grpo.loss import LossConfig, LossOutput, policy_loss, sequence_logprobs
+from bridges.grpo.parallel import (
+    World,
+    barrier,
+    combine_tallies,
+    full_state_dict,
+    grad_norm_value,
+    loss_weight,
+    reduce_max,
+    reduce_sum,
+    shard,
+    sum_gradients,
+    world_from_env,
+)
+from bridges.grpo.parallel import start as start_processes
+from bridges.grpo.parallel import stop as stop_processes
+from bridges.grpo.policy import load_policy, make_engine, trainable_names
+from bridges.grpo.precision import MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
+from bridges.hardware import Placement, placement
+from bridges.token_logprobs import chunked_matches_plain
 from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
 from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
@@ -61,36 +98,61 @@ def validate(config: TrainConfig, options: None = None) -> None:
     """backend=grpo's own checks, before any model loads: the model, the engine, and a resume that
     matches how the checkpoint was trained (full weights or a LoRA adapter)."""
     from bridges.errors import ConfigError, require_extra
-    from bridges.grpo.checkpoint import intact_checkpoints, is_adapter_checkpoint, no_intact_checkpoint
+    from bridges.grpo.checkpoint import (
+        check_strategy,
+        intact_checkpoints,
+        is_adapter_checkpoint,
+        no_intact_checkpoint,
+    )
+    from bridges.hardware import check_device
+    from bridges.launch import accelerate_settings, launched_size
     from bridges.preflight import check_lora_targets, check_model
 
+    t = config.trainer
     check_model(config.model)
+    check_device(t.device, "trainer.device")
+    if accelerate_settings().get("deepspeed"):
+        raise ConfigError(
+            "backend=grpo does not run DeepSpeed; under accelerate launch use examples/accelerate/fsdp.yaml "
+            "(FSDP2 shards what ZeRO-3 shards), or backend=trl, which runs accelerate's DeepSpeed configs."
+        )
     if config.engine == "vllm":
         require_extra("vllm", "vllm", "engine=vllm")
-    if config.trainer.rollout_process and (
-        config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())
-    ):
+    if t.rollout_process and (config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())):
         raise ConfigError(
             "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
+        )
+    if config.engine == "vllm" and max(t.num_processes, launched_size()) > 1:
+        raise ConfigError(
+            "engine=vllm runs in one training process only (an engine per process on its own GPU is not "
+            "built yet); with several processes use engine=hf or engine=auto."
+        )
+    if t.rollout_process and t.num_processes > 1:
+        raise ConfigError(
+            "trainer.rollout_process=true and trainer.num_processes>1 do not combine: each training process "
+            "already rolls out beside the others; drop trainer.rollout_process."
         )
     if config.resume:
         ckpt_dir = Path(config.output_dir) / config.resolved_run_name / "checkpoints"
         intact, damaged = intact_checkpoints(ckpt_dir)
         if damaged and not intact:
             raise no_intact_checkpoint(ckpt_dir, damaged)
-        if intact and is_adapter_checkpoint(intact[0]) != (config.trainer.lora_rank > 0):
+        if intact:
+            processes = max(t.num_processes, launched_size())
+            check_strategy(intact[0], None, sharded=hardware_settings(config)[1] == "fsdp" and processes > 1)
+        if intact and is_adapter_checkpoint(intact[0]) != (t.lora_rank > 0):
             kind = "a LoRA adapter" if is_adapter_checkpoint(intact[0]) else "full weights"
             raise ConfigError(
-                f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={config.trainer.lora_rank}; "
+                f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={t.lora_rank}; "
                 "resume with the lora_rank the run was started with."
             )
-    if config.trainer.lora_rank > 0:
+    if t.lora_rank > 0:
         require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
-        check_lora_targets(config.model, config.trainer.lora_target_modules)
+        check_lora_targets(config.model, t.lora_target_modules)
 
 
 # --------------------------------------------------------------------------------------------------
-# One optimizer step on the samples of one batch (runs in a worker thread, off the event loop)
+# One optimizer step on this process's samples of one batch (in a worker thread, off the event loop)
 
 
 @dataclasses.dataclass
@@ -104,52 +166,74 @@ class StepContext:
     temperature: float
     grad_accum_steps: int
     max_grad_norm: float
+    master: MasterWeights
+    scaler: Any  # torch.amp.GradScaler: dynamic loss scaling for fp16, a no-op otherwise
+    device: torch.device
+    logprob_chunk_tokens: int = 256
+    chunked_logprobs: bool = True
+    world: World = dataclasses.field(default_factory=World)
 
 
 def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, float]:
-    """Accumulate the policy loss over micro-batches, clip, step. No samples -> no update."""
-    if not samples:
+    """Accumulate the policy loss over micro-batches, clip, step. The loss is the mean per-sample loss
+    over the step's samples on every process together. No samples anywhere -> no update."""
+    world = ctx.world
+    total = int(reduce_sum([len(samples)], world, ctx.device)[0])  # [distributed] the global batch
+    if total == 0:
         return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
-                "skipped_nonfinite": 0.0}  # fmt: skip
+                "skipped_nonfinite": 0.0, "skipped_overflow": 0.0, "optimizer/stepped": 0.0, "tokens/trained": 0.0}  # fmt: skip
     ctx.policy.train()
-    chunks = [samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)]
-    chunks = [c for c in chunks if c]
-    totals: dict[str, float] = defaultdict(float)
+    chunks = [c for c in (samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)) if c]
+    # [distributed] every process runs as many micro-batches as the busiest (each pass is a collective)
+    chunks += [[] for _ in range(int(reduce_max(len(chunks), world, ctx.device)) - len(chunks))]
+    weight = loss_weight(world, total)
+    sums = [0.0] * 6  # loss, loss tokens, clipped tokens, ratio sum, kl sum, tokens through the model
     for chunk in chunks:
-        batch = collate(chunk, ctx.pad_token_id)
-        logps_B_T = sequence_logprobs(
-            ctx.policy, batch.input_ids_B_L, batch.attention_mask_B_L, ctx.temperature
-        )
-        ref_logps_B_T = None
-        if ctx.reference is not None:
-            with torch.no_grad():
-                ref_logps_B_T = sequence_logprobs(
-                    ctx.reference, batch.input_ids_B_L, batch.attention_mask_B_L, ctx.temperature
-                )
-        out = policy_loss(
-            logps_B_T,
-            batch.sampler_logps_B_T,
-            batch.advantages_B,
-            batch.loss_mask_B_T,
-            ctx.loss_config,
-            ref_logps_B_T,
-        )
-        (out.loss / len(chunks)).backward()
-        totals["loss"] += float(out.loss.detach()) / len(chunks)
-        totals["clip_fraction"] += out.clip_fraction / len(chunks)
-        totals["ratio/mean"] += out.mean_ratio / len(chunks)
-        totals["kl"] += out.kl / len(chunks)
-    params = [p for p in ctx.policy.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, ctx.max_grad_norm))
+        out = _micro_batch_loss(ctx, chunk or [padding_sample(ctx.pad_token_id)])
+        ctx.scaler.scale(out.per_sample_B.sum() * (weight if chunk else 0.0)).backward()
+        if chunk:
+            parts = (float(out.per_sample_B.detach().sum()) / total, out.tokens, out.clipped_tokens,
+                     out.ratio_sum, out.kl_sum, sum(len(s.token_ids) for s in chunk))  # fmt: skip
+            sums = [a + b for a, b in zip(sums, parts, strict=True)]
+    ctx.master.grads_to_master()
+    sum_gradients(ctx.master.params, world)  # [distributed] ddp: one fp32 all-reduce of the gradients
+    ctx.scaler.unscale_(ctx.optimizer)
+    grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(ctx.master.params, ctx.max_grad_norm))
+    loss, tokens, clipped, ratio_sum, kl_sum, trained = reduce_sum(sums, world, ctx.device)  # [distributed] metrics
     # One non-finite step would turn every weight into NaN for good: skip it (the loop stops the run
-    # after MAX_NONFINITE_STEPS in a row, which means something upstream is broken).
-    skipped = not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm))
+    # after MAX_NONFINITE_STEPS in a row, which means something upstream is broken). In fp16 an
+    # overflowing gradient is the loss scale's to handle: the scaler halves it, the step is skipped.
+    overflow = ctx.scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
+    skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if not skipped:
-        ctx.optimizer.step()
+        ctx.scaler.step(ctx.optimizer)
+        ctx.master.master_to_model()
         ctx.scheduler.step()
+    ctx.scaler.update()
     ctx.optimizer.zero_grad(set_to_none=True)
+    ctx.policy.zero_grad(set_to_none=True)
     ctx.policy.eval()
-    return {**totals, "grad_norm": grad_norm, "skipped_nonfinite": float(skipped)}
+    shown = max(tokens, 1.0)
+    return {"loss": loss, "grad_norm": grad_norm, "clip_fraction": clipped / shown, "ratio/mean": ratio_sum / shown,
+            "kl": kl_sum / shown, "skipped_nonfinite": float(skipped and not overflow),
+            "skipped_overflow": float(overflow), "optimizer/stepped": float(not skipped),
+            "tokens/trained": trained}  # fmt: skip
+
+
+def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutput:
+    """The policy loss of one micro-batch: logprobs at its loss positions (fp32, chunked over the
+    vocabulary), the reference model's where a KL term needs them."""
+    batch = collate(chunk, ctx.pad_token_id, ctx.device)
+    logprobs = functools.partial(sequence_logprobs, input_ids_B_L=batch.input_ids_B_L,
+                                 attention_mask_B_L=batch.attention_mask_B_L, temperature=ctx.temperature,
+                                 wanted_B_T=batch.loss_mask_B_T, chunk_tokens=ctx.logprob_chunk_tokens,
+                                 chunked=ctx.chunked_logprobs)  # fmt: skip
+    ref_logps_B_T = None
+    if ctx.reference is not None:
+        with torch.no_grad():
+            ref_logps_B_T = logprobs(ctx.reference)
+    return policy_loss(logprobs(ctx.policy), batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
+                       ctx.loss_config, ref_logps_B_T)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,58 +256,84 @@ class _Run:
     start: RunPosition
     run_dir: Path
     sampling_args: dict[str, Any]
+    where: Placement
 
 
 def _prepare(config: TrainConfig) -> _Run:
-    """Seeds, environment, policy, optimizer and scheduler, resumed from the newest intact checkpoint."""
+    """Seeds, environment, device and precision, the step context, resumed from the newest intact
+    checkpoint."""
     from bridges.registry import load_environment
 
     t = config.trainer
-    run_dir = Path(config.output_dir) / config.resolved_run_name
+    dtype, strategy = hardware_settings(config)
+    where, world = placement(t.device, dtype), world_from_env(strategy)
+    start_processes(world, where.device)  # [distributed] join the process group
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+    if where.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # Generation and training run in two threads at once; one intra-op thread each keeps them
         # from oversubscribing a small CPU (measured 10-20x slower with the default under load).
         torch.set_num_threads(1)
     env = load_environment(config.env, **config.env_args)
     env.max_concurrent = t.max_concurrent
-    policy, tokenizer = load_policy(config)
-    optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate, weight_decay=t.weight_decay
-    )
+    ctx, tokenizer = build_step_context(config, where, world)
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    start = _resume(config, run_dir, ctx)
+    sampling_args = rollout_sampling_args(config, env.sampling_args)
+    return _Run(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where)
+
+
+def hardware_settings(config: TrainConfig) -> tuple[str, str]:
+    """``trainer.dtype`` and ``trainer.strategy``, or, left at their defaults under ``accelerate launch``,
+    what its config file says (``examples/accelerate/``)."""
+    from bridges.launch import accelerate_settings
+
+    t, launcher = config.trainer, accelerate_settings()
+    dtype = launcher.get("dtype", t.dtype) if t.dtype == "auto" else t.dtype
+    strategy = launcher.get("strategy", t.strategy) if t.strategy == "ddp" else t.strategy
+    return dtype, strategy
+
+
+def build_step_context(config: TrainConfig, where: Placement, world: World) -> tuple[StepContext, Any]:
+    """The policy on its device in its precision (sharded under fsdp), its fp32 masters, AdamW, the
+    schedule and the loss settings; and the tokenizer."""
+    t = config.trainer
+    policy, tokenizer = load_policy(config, where)
+    chunked = chunked_matches_plain(policy, len(tokenizer))
+    policy = shard(policy, world, where.dtype)  # [distributed] fsdp: parameters sharded across processes
+    master = MasterWeights(policy)
+    optimizer = make_optimizer(master.params, config.resolved_learning_rate, t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps > 0 else 1.0
     )
-    start = RunPosition()
-    resumed = (
-        resume_latest_intact(run_dir / "checkpoints", policy, optimizer, scheduler) if config.resume else None
-    )
-    if config.resume and resumed is None:
-        print(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
-    if resumed is not None:
-        start, resume_from = resumed
-        print(f"resumed from {resume_from} (step {start.step}, data position {start.data_position})")
-    sampling_args = rollout_sampling_args(config, env.sampling_args)
+    loss_config = LossConfig(loss_type=advantage_method(t.loss), epsilon=t.epsilon, epsilon_high=t.epsilon_high,
+                             ratio_cap=t.ratio_cap, beta=t.beta, max_completion_length=t.max_completion_length)  # fmt: skip
     ctx = StepContext(
         policy=policy,
-        reference=copy.deepcopy(policy).eval().requires_grad_(False) if t.beta != 0.0 else None,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        loss_config=LossConfig(
-            loss_type=advantage_method(t.loss),
-            epsilon=t.epsilon,
-            epsilon_high=t.epsilon_high,
-            ratio_cap=t.ratio_cap,
-            beta=t.beta,
-            max_completion_length=t.max_completion_length,
-        ),  # fmt: skip
+        reference=load_policy(config, where)[0].eval().requires_grad_(False) if t.beta != 0.0 else None,
+        optimizer=optimizer, scheduler=scheduler, loss_config=loss_config,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        temperature=config.sampling.temperature,
-        grad_accum_steps=t.grad_accum_steps,
-        max_grad_norm=t.max_grad_norm,
-    )
-    return _Run(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args)
+        temperature=config.sampling.temperature, grad_accum_steps=t.grad_accum_steps, max_grad_norm=t.max_grad_norm,
+        master=master, scaler=make_scaler(where.dtype, where.device), device=where.device,
+        logprob_chunk_tokens=t.logprob_chunk_tokens, chunked_logprobs=chunked, world=world,
+    )  # fmt: skip
+    return ctx, tokenizer
+
+
+def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition:
+    """``resume=true``: weights, masters, optimizer, scheduler and position from the newest intact
+    checkpoint (every process reads the same one); the start of the run otherwise."""
+    if not config.resume:
+        return RunPosition()
+    resumed = resume_latest_intact(run_dir / "checkpoints", ctx.policy, ctx.optimizer, ctx.scheduler,
+                                   ctx.master, ctx.world)  # fmt: skip
+    say = print if ctx.world.is_main else (lambda *_: None)
+    if resumed is None:
+        say(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
+        return RunPosition()
+    start, resume_from = resumed
+    say(f"resumed from {resume_from} (step {start.step}, data position {start.data_position})")
+    return start
 
 
 def _rollouts(run: _Run) -> Rollouts:
@@ -233,8 +343,8 @@ def _rollouts(run: _Run) -> Rollouts:
     if config.trainer.rollout_process:
         from bridges.grpo.rollout_process import ProcessRollouts
 
-        return ProcessRollouts(config, run.ctx.policy)
-    engine = make_engine(config, run.ctx.policy, run.tokenizer)
+        return ProcessRollouts(config, run.where)
+    engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size)
     return InProcessRollouts(
         engine, run.env, config.trainer.group_size, config.model, advantage_method(config.trainer.loss)
     )
@@ -242,8 +352,9 @@ def _rollouts(run: _Run) -> Rollouts:
 
 @dataclasses.dataclass
 class _Learner:
-    """The loop's view of this trainer: rollouts from ``Rollouts``, a step from ``train_step`` (in a
-    worker thread, so the next batch keeps generating), checkpoints in ``<run>/checkpoints``."""
+    """The loop's view of this trainer: rollouts from ``Rollouts`` (this process's share of each batch),
+    a step from ``train_step`` (in a worker thread, so the next batch keeps generating), checkpoints in
+    ``<run>/checkpoints``."""
 
     run: _Run
     rollouts: Rollouts
@@ -255,30 +366,50 @@ class _Learner:
     def start_batch(
         self, rows: list[dict[str, Any]], sampling_args: dict[str, Any]
     ) -> asyncio.Future[list[Group]]:
-        return self.rollouts.start(rows, sampling_args)
+        world = self.run.ctx.world
+        return self.rollouts.start(rows[world.rank :: world.size], sampling_args)  # [distributed] whole groups
+
+    async def push_weights(self) -> None:
+        """The policy's trained tensors to the engine (whole tensors: gathered under fsdp)."""
+        policy = self.run.ctx.policy
+        state = await asyncio.to_thread(full_state_dict, policy, trainable_names(policy))
+        await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
         result: dict[str, Any] = await asyncio.to_thread(train_step, self.run.ctx, samples)
-        if samples and not result["skipped_nonfinite"]:
-            await self.rollouts.update_weights(self.run.ctx.policy)
+        if result.get("optimizer/stepped"):
+            await self.push_weights()
         return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0]}
 
     async def save(self, position: RunPosition) -> None:
         run, ctx = self.run, self.run.ctx
-        save_checkpoint(run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
-                        keep=run.config.keep_checkpoints, tokenizer=run.tokenizer)  # fmt: skip
+        await asyncio.to_thread(
+            save_checkpoint, run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
+            ctx.master, ctx.world, keep=run.config.keep_checkpoints, tokenizer=run.tokenizer,
+        )  # fmt: skip
 
 
 async def _run(config: TrainConfig) -> int:
     run = _prepare(config)
     rollouts = _rollouts(run)
+    learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"])  # fmt: skip
+                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx))  # fmt: skip
     try:
-        await run_training(config, spec, _Learner(run, rollouts), run.start)
+        await learner.push_weights()  # the engine samples the policy (a resumed one too) from the first rollout
+        await run_training(config, spec, learner, run.start)
     finally:
         await rollouts.aclose()
+        stop_processes()
     return 0
+
+
+def _reducer(ctx: StepContext) -> Any:
+    """The loop's view of the processes: which one reports, and how step tallies add up."""
+    from bridges.workflows.run_loop import Reducer
+
+    return Reducer(is_main=ctx.world.is_main, combine=functools.partial(combine_tallies, world=ctx.world),
+                   barrier=functools.partial(barrier, ctx.world))  # fmt: skip
 
 
 # the bundled trainer reads every shared key and has no section of its own

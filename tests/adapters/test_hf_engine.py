@@ -266,3 +266,23 @@ def test_from_pretrained_tiny(tiny_path):
     assert engine.eos_token_ids == {engine.tokenizer.eos_token_id}
     local = HFEngine.from_pretrained(str(tiny_path), max_batch_size=8, name="local")
     assert (local.name, local.max_batch_size) == ("local", 8)
+
+
+async def test_the_decode_loop_uses_the_installed_transformers_name_for_the_kv_cache(
+    hf_engine, tiny_tokenizer, caplog: pytest.LogCaptureFixture
+):
+    """transformers renamed ``past_key_values`` to ``cache``; the old name warns on every forward (a
+    FutureWarning per decoded token in a run). Whatever version is installed, decoding warns nothing."""
+    import dataclasses
+    import warnings
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from bridges.adapters.hf.decode import cache_keyword
+
+    assert cache_keyword() in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        samples = await hf_engine.generate(encode(tiny_tokenizer, "hello there"), SamplingParams(max_tokens=6), n=3)
+    assert all(len(s.token_ids) >= 1 for s in samples)
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]

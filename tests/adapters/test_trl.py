@@ -201,3 +201,21 @@ def test_backend_trl_reward_rises_on_the_toy_env(tmp_path: Path):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-20:]) / 20
     assert first < 0.05 and last > first + 0.05, (first, last)
     assert (tmp_path / "trl-repeat_letter" / "reward_curve.png").exists()
+
+
+@pytest.mark.slow
+def test_backend_trl_on_two_processes_writes_its_run_files_once(tmp_path):
+    """accelerate's data parallelism under bridges.launch; the first process alone claims the folder and
+    writes metrics.jsonl (every process used to, each line twice)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "bridges.train", "backend=trl", "trainer.num_processes=2",
+                           "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=4", "progress=false"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("reward: first") == 1 and done.stdout.count("template check") == 1
+    assert done.stderr.strip() == ""  # nothing repeated per process either
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "trl-repeat_letter" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["episodes/total"] == 16 for r in rows)

@@ -5,6 +5,7 @@ through verl's own ``resume_mode=auto`` for a third. Nothing is stood in for."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,23 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+BUILDER_WARNING = "No model-specific Continuous Token builder is registered"
+
+
 @pytest.mark.slow
-def test_main_ppo_trains_two_steps_then_resumes_for_a_third(tmp_path: Path):
+def test_main_ppo_trains_two_steps_then_resumes_for_a_third(tmp_path: Path, capfd: pytest.CaptureFixture[str]):
     run = tmp_path / "r"
     assert main([*SMALL, "trainer.max_steps=2", f"output_dir={tmp_path}"]) == 0
+    # verl's own output is in the run's console log; the console shows the step lines and the result
+    out, err = capfd.readouterr()
+    log = (run / "verl" / "console.log").read_text()
+    assert "Training Progress" in log and log.count(BUILDER_WARNING) <= 1  # once per process, not per rollout
+    assert "verl.trainer.main_ppo" in log.splitlines()[0]  # the command it ran, first
+    assert err == "" and BUILDER_WARNING not in out and "actor_rollout_ref" not in out
+    assert [line for line in out.splitlines() if line.startswith("step ")] == [
+        line for line in out.splitlines() if re.fullmatch(r"step [12]: reward=[\d.]+ loss=-?[\d.]+", line)
+    ]
+    assert len(out.splitlines()) == 6, out  # template check, where verl's log is, 2 steps, reward, files
     assert (run / "checkpoints" / "global_step_2").is_dir()
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     first = lines(run / "metrics.jsonl")

@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -51,7 +52,7 @@ def test_missing_logprobs_is_a_clear_error():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_module_imports_without_vllm_and_engine_names_the_extra():
-    code = "import adapters.vllm, sys; assert 'vllm' not in sys.modules"
+    code = "import bridges.adapters.vllm, sys; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     from bridges.adapters.vllm import VLLMEngine
     from bridges.errors import MissingExtraError
@@ -88,3 +89,37 @@ def test_engines_without_alternatives_refuse_top_logprobs_in_one_sentence():
         UnsupportedRequestError, match="^verl's rollout servers return only the sampled token's"
     ):
         asyncio.run(engine.generate([1, 2], SamplingParams(top_logprobs=2)))
+
+
+def async_engine_args_fields() -> set[str]:
+    """vLLM's own fields where it is installed, else the list recorded from vLLM 0.33.0."""
+    if importlib.util.find_spec("vllm") is not None:
+        import dataclasses
+
+        import vllm
+
+        return {f.name for f in dataclasses.fields(vllm.AsyncEngineArgs)}
+    recorded = Path(__file__).resolve().parents[1] / "support" / "vllm_engine_args.txt"
+    return {line for line in recorded.read_text().splitlines() if line and not line.startswith("#")}
+
+
+def test_every_argument_our_engines_hand_vllm_is_an_engine_args_field(monkeypatch: pytest.MonkeyPatch):
+    """bridges.serve once passed device= through to AsyncEngineArgs, which has no such field."""
+    from bridges.adapters.vllm.engine import VLLMEngine, engine_arguments
+    from bridges.config import parse_config
+    from bridges.hardware import placement
+    from bridges.serve import ServeConfig, engine_options
+    from bridges.train_config import TrainConfig
+
+    fields = async_engine_args_fields()
+    assert {"model", "dtype", "enable_lora", "gpu_memory_utilization"} <= fields and "device" not in fields
+    built: list[dict] = []  # what from_pretrained would hand AsyncEngineArgs (it needs a GPU to go further)
+    monkeypatch.setattr(VLLMEngine, "from_pretrained", classmethod(
+        lambda cls, model, lora_rank=0, **user: built.append(engine_arguments(model, lora_rank, user))))  # fmt: skip
+    serve_options = engine_options(parse_config(ServeConfig, ["engine=vllm"]))
+    VLLMEngine.from_pretrained("tiny", lora_rank=0, **serve_options)
+    config = parse_config(TrainConfig, ["engine=vllm", "trainer.lora_rank=8", "vllm.max_model_len=2048"])
+    VLLMEngine.for_training(config, placement("cpu", "bf16"), None)
+    assert len(built) == 2 and built[1]["dtype"] == "bfloat16" and built[1]["max_lora_rank"] == 8
+    for arguments in built:
+        assert set(arguments) <= fields, set(arguments) - fields

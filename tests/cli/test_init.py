@@ -14,10 +14,9 @@ from bridges.config import run_cli
 from bridges.init import main
 
 
-def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path: Path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path: Path):
     assert main(["my-words"]) == 0
-    folder = tmp_path / "my-words"
+    folder = Path("my-words").resolve()
     assert sorted(p.name for p in folder.iterdir()) == [
         "README.md",
         "my_words.py",
@@ -57,17 +56,15 @@ def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path:
         ("reverse_text", "'reverse_text' is already taken"),
     ],
 )
-def test_bad_names_are_one_sentence(tmp_path: Path, monkeypatch, capsys, name: str, message: str):
-    monkeypatch.chdir(tmp_path)
+def test_bad_names_are_one_sentence(capsys, name: str, message: str):
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, [name])
     assert exit_info.value.code == 2 and capsys.readouterr().err.startswith(f"error: {message}")
-    assert list(tmp_path.iterdir()) == []
+    assert list(Path.cwd().iterdir()) == []
 
 
-def test_an_existing_folder_is_refused(tmp_path: Path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "taken").mkdir()
+def test_an_existing_folder_is_refused(capsys):
+    Path("taken").mkdir()
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, ["taken"])
     assert exit_info.value.code == 2 and "already exists" in capsys.readouterr().err

@@ -156,11 +156,10 @@ def test_bad_config_is_refused_before_anything_loads(
     module: str, argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ):  # fmt: skip
-    monkeypatch.chdir(paths["tmp"])
     code, err = run(module, argv, paths, capsys)
     assert code == 2 and err.startswith("error: ") and piece in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not (Path(paths["tmp"]) / WRITES[module]).exists()  # nothing was started or written
+    assert not Path(WRITES[module]).exists()  # nothing was started or written (tests start in an empty folder)
 
 
 def test_dry_run_validates_exactly_like_a_real_run(paths: dict[str, str], capsys: pytest.CaptureFixture[str]):
@@ -195,6 +194,5 @@ def test_lora_targets_and_path_like_env_ids_are_refused_before_weights_load(
         raise AssertionError("weights were loaded before the configuration was validated")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.chdir(paths["tmp"])
     code, err = run("bridges.train", argv, paths, capsys)
     assert code == 2 and piece in err and len(err.splitlines()) == 1, err

@@ -28,27 +28,25 @@ CASES = [  # (argv, the start of the sentence)
 @pytest.mark.parametrize(
     ("argv", "start"), CASES, ids=[c[1].split(" ")[0] + str(i) for i, c in enumerate(CASES)]
 )
-def test_train_cli_bad_input(argv, start, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch):
+def test_train_cli_bad_input(argv, start, capsys: pytest.CaptureFixture[str], monkeypatch):
     from bridges.train import main
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
-    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as info:
         run_cli(main, argv)
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and err.startswith(f"error: {start}"), err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not (tmp_path / "runs").exists()  # nothing was started
+    assert not Path("runs").exists()  # nothing was started (tests start in an empty folder of their own)
 
 
 @pytest.mark.parametrize("extra", ["trl", "verl", "tinker"])
 def test_a_missing_extra_names_the_pip_command(
-    extra, capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path: Path
+    extra, capsys: pytest.CaptureFixture[str], monkeypatch
 ):
     from bridges.train import main
 
     monkeypatch.setitem(sys.modules, extra, None)  # as on a machine without the extra
-    monkeypatch.chdir(tmp_path)
     argv = [f"backend={extra}", *(["tinker.base_url=local"] if extra == "tinker" else [])]
     with pytest.raises(SystemExit) as info:
         run_cli(main, argv)
@@ -58,7 +56,7 @@ def test_a_missing_extra_names_the_pip_command(
         f"error: '{extra}' is needed for backend={extra} but is not installed; "
         f"install it with pip install 'rl-bridges[{extra}]'."
     )
-    assert not (tmp_path / "runs").exists()
+    assert not Path("runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -79,10 +77,10 @@ def test_a_missing_extra_names_the_pip_command(
         ),
     ],
 )
-def test_other_clis_in_a_subprocess(module: str, argv: list[str], start: str, tmp_path: Path):
+def test_other_clis_in_a_subprocess(module: str, argv: list[str], start: str):
     repo = Path(__file__).resolve().parents[2]
     result = subprocess.run(
-        [sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(repo)},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-1000:]

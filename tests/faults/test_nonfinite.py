@@ -72,14 +72,17 @@ def _context(tiny_path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
     from bridges.grpo.loss import LossConfig
+    from bridges.grpo.precision import MasterWeights, make_optimizer, make_scaler
     from bridges.grpo.trainer import StepContext
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    master = MasterWeights(policy)
+    optimizer = make_optimizer(master.params, 1e-2, 0.0)
     ctx = StepContext(
         policy=policy, reference=None, optimizer=optimizer,
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), loss_config=LossConfig(),
-        pad_token_id=0, temperature=1.0, grad_accum_steps=1, max_grad_norm=1.0,
+        pad_token_id=0, temperature=1.0, grad_accum_steps=1, max_grad_norm=1.0, master=master,
+        scaler=make_scaler(torch.float32, torch.device("cpu")), device=torch.device("cpu"),
     )  # fmt: skip
     return ctx, policy
 

@@ -117,7 +117,7 @@ def test_lora_trains_only_the_adapter_and_the_engine_samples_with_it(tmp_path, m
         float(t.abs().sum()) > 0 for n, t in adapter.items() if "lora_B" in n
     )  # B starts at 0: it trained
     engine = engines[0]
-    assert engine.weight_version == 2  # one sync per optimizer step
+    assert engine.weight_version == 3  # the policy as the run starts, then one sync per optimizer step
     served = dict(engine.model.named_parameters())
     for name, tensor in adapter.items():  # the engine samples with exactly the trained adapter
         served_tensor = served[name.replace(".weight", ".default.weight")]  # peft names the adapter "default"
@@ -129,10 +129,10 @@ def test_rollouts_in_a_child_process_train_with_the_synced_weights(tmp_path):
     assert run(_config(tmp_path, *args, "trainer.max_steps=4", "trainer.rollout_process=true")) == 0
     run_dir = tmp_path / "grpo-bridges_test_dense_env"
     rows = _metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["weight_version"] == 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["weight_version"] == 5  # start + 4 steps
     assert all(r["episodes/total"] == 16 and r["episodes/masked"] == 0 for r in rows)
     traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
     assert traces[0]["provenance"]["engine"] == "hf (rollout process)"
     versions = {t["provenance"]["step"]: t["provenance"]["weight_version"] for t in traces}
-    # the child samples step 1 and 2 before any update (one batch ahead), then with synced weights
-    assert versions[1] == versions[2] == 0 and versions[3] >= 1 and versions[4] >= versions[3]
+    # the child samples step 1 and 2 with the starting policy (one batch ahead), then with synced weights
+    assert versions[1] == versions[2] == 1 and versions[3] >= 2 and versions[4] >= versions[3]

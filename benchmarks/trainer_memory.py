@@ -1,0 +1,202 @@
+"""Peak memory of the bundled trainer's optimizer step, per trained parameter, against the floor.
+
+    python benchmarks/trainer_memory.py [--layers 4] [--batch 2] [--seq 128] [--arch qwen2.5-0.5b]
+
+A random-init model with Qwen2.5-0.5B's architecture (151,936-token vocabulary; ``--layers`` fewer
+decoder layers on a CPU) is trained through the trainer's own ``build_step_context`` and
+``train_step``, with gradient checkpointing, for full fine-tuning and LoRA at fp32 and bf16. The second
+step is measured (the first creates AdamW's state). Peak memory is the allocator's on CUDA and, on a
+CPU, the bytes of live tensor storages counted as every op creates them (``LiveTensorBytes``).
+
+The floor of a step at a precision and batch is what that scheme cannot avoid holding at once:
+weights, gradients, fp32 master weights where the weights are half, AdamW's two fp32 moments, the
+layer inputs gradient checkpointing keeps (layers + 1 hidden states), and one chunk of fp32 logits.
+Then the logprob step alone (the vocabulary projection, log-softmax and gather at the loss positions,
+forward and backward, beside the head's weight and gradient), with the full logits and chunked. The last line is ``key=value`` pairs; goals: ``worst_floor_ratio``
+≤ 1.3 and ``logprob_chunked_ratio`` (chunked / full) ≤ 1/8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+MB = 1024 * 1024
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Bytes held by live tensor storages, and their peak, counted as ops create them (``track`` adds
+    tensors that existed before). A storage is counted once and uncounted when it is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, Any] = {}
+        self.current = self.peak = 0
+
+    def track(self, tensors: Any) -> None:
+        for tensor in tree_flatten(tensors)[0]:
+            if isinstance(tensor, torch.Tensor):
+                self._add(tensor.untyped_storage())
+
+    def _add(self, storage: Any) -> None:
+        key, size = id(storage), storage.nbytes()
+        if key in self._live or size == 0:
+            return
+        self._live[key] = weakref.ref(storage, lambda _, key=key, size=size: self._drop(key, size))
+        self.current += size
+        self.peak = max(self.peak, self.current)
+
+    def _drop(self, key: int, size: int) -> None:
+        if self._live.pop(key, None) is not None:
+            self.current -= size
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.track(out)
+        return out
+
+
+def batch(vocab: int, count: int, length: int, seed: int = 0) -> list[Any]:
+    from bridges.workflows.types import TrainingSample
+
+    rng = random.Random(seed)
+    half = length // 2
+    return [TrainingSample(token_ids=[rng.randrange(3, vocab) for _ in range(length)], loss_mask=[0] * half + [1] * half,
+                           logprobs=[0.0] * half + [-2.0] * half, advantage=rng.choice([-1.0, 1.0]))
+            for _ in range(count)]  # fmt: skip
+
+
+def state_of(ctx: Any) -> list[Any]:
+    """Every tensor a step starts with: weights, masters, optimizer state."""
+    return [list(ctx.policy.parameters()), ctx.master.params, ctx.optimizer.state_dict()["state"]]
+
+
+def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -> dict[str, float]:
+    """Peak bytes of the second optimizer step, the floor for that scheme and batch, trained parameters."""
+    from bridges.config import parse_config
+    from bridges.grpo.parallel import World
+    from bridges.grpo.trainer import build_step_context, train_step
+    from bridges.hardware import placement
+    from bridges.train_config import TrainConfig
+
+    settings = [f"model={model}", f"trainer.dtype={dtype}", f"trainer.device={args.device}", "trainer.learning_rate=1e-5",
+                "trainer.gradient_checkpointing=true", f"trainer.logprob_chunk_tokens={args.chunk}",
+                *(["trainer.lora_rank=16"] if lora else [])]  # fmt: skip
+    config = parse_config(TrainConfig, settings)
+    where = placement(args.device, dtype)
+    ctx, tokenizer = build_step_context(config, where, World())
+    samples = batch(len(tokenizer), args.batch, args.seq)
+    train_step(ctx, samples)  # AdamW's state exists from here on
+    peak = run_measured(lambda: train_step(ctx, samples), state_of(ctx), where.device)
+    trained = sum(p.numel() for p in ctx.master.params)
+    weights = sum(p.numel() * p.element_size() for p in ctx.policy.parameters())
+    grads = sum(p.numel() * p.element_size() for p in ctx.policy.parameters() if p.requires_grad)
+    masters = sum(m.numel() * 4 for _, _, m in ctx.master.pairs)
+    config_ = ctx.policy.config
+    layers, hidden = config_.num_hidden_layers, config_.hidden_size
+    compute_bytes = torch.tensor([], dtype=where.dtype).element_size()
+    activations = (layers + 1) * args.batch * args.seq * hidden * compute_bytes
+    logits_chunk = min(args.chunk, args.batch * args.seq // 2) * config_.vocab_size * 4
+    floor = weights + grads + masters + 8 * trained + activations + logits_chunk
+    return {"peak": peak, "floor": floor, "trained": trained}
+
+
+def run_measured(step: Any, existing: list[Any], device: torch.device) -> int:
+    """Peak bytes while ``step`` runs (tensors in ``existing`` are counted from the start)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    tracker = LiveTensorBytes()
+    tracker.track(existing)
+    with tracker:
+        step()
+    return tracker.peak
+
+
+def measure_logprobs(model: str, args: argparse.Namespace, chunked: bool) -> int:
+    """Peak bytes of the logprob step itself — the vocabulary projection, log-softmax and gather at the
+    loss positions, forward and backward into the hidden states and the head — above the head's weight
+    and its gradient (which every way of computing it holds): the plain full-logits computation, or
+    ``HeadLogprobs`` in chunks of ``--chunk`` positions (what the trainer runs)."""
+    from transformers import AutoConfig
+
+    from bridges.hardware import resolve_device
+    from bridges.token_logprobs import HeadLogprobs
+
+    config, device = AutoConfig.from_pretrained(model), resolve_device(args.device)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    shape = (args.logprob_batch, args.logprob_seq)
+    hidden = torch.randn(*shape, config.hidden_size, generator=generator, device="cpu").to(device).requires_grad_()
+    weight = torch.nn.Parameter(torch.randn(config.vocab_size, config.hidden_size, generator=generator, device="cpu").to(device))
+    targets = torch.randint(0, config.vocab_size, shape, generator=generator, device="cpu").to(device)
+    wanted = torch.zeros(shape, dtype=torch.bool, device=device)
+    wanted[:, args.logprob_seq // 2 :] = True  # the completion half: the loss positions
+
+    def step() -> None:
+        if chunked:
+            picked = HeadLogprobs.apply(hidden[wanted], weight, targets[wanted], 1.0, args.chunk)
+        else:
+            logits = (hidden @ weight.T).float()
+            picked = (logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1))[wanted]
+        picked.sum().backward()
+        weight.grad = None
+
+    weight.grad = torch.zeros_like(weight)  # held either way: count it from the start, then let go
+    peak = run_measured(step, [hidden, weight, weight.grad, targets, wanted], device)
+    return peak - 2 * weight.numel() * weight.element_size() - hidden.numel() * hidden.element_size()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="qwen2.5-0.5b")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: 4 on a CPU, all on CUDA)")
+    parser.add_argument("--batch", type=int, default=2, help="sequences in the measured optimizer step")
+    parser.add_argument("--logprob-batch", type=int, default=8, help="sequences in the logprob step")
+    parser.add_argument("--logprob-seq", type=int, default=256, help="tokens per sequence in the logprob step")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence (half of them completion)")
+    parser.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_tokens (its default)")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    from bridges.family_models import build_architecture
+    from bridges.hardware import resolve_device
+
+    device = resolve_device(args.device)
+    layers = args.layers or (None if device.type == "cuda" else 4)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    with tempfile.TemporaryDirectory() as folder:
+        model = str(build_architecture(args.arch, Path(folder) / "model", layers=layers))
+        figures: dict[str, float] = {}
+        for lora in (False, True):
+            for dtype in ("fp32", "bf16"):
+                name = f"{'lora' if lora else 'full'}_{dtype}"
+                m = measure_step(model, dtype, lora, args)
+                figures[f"{name}_ratio"] = m["peak"] / m["floor"]
+                print(f"{name:10s} peak {m['peak'] / m['trained']:8.2f} B/trained param   floor "
+                      f"{m['floor'] / m['trained']:8.2f}   ratio {m['peak'] / m['floor']:.3f}   "
+                      f"({m['trained'] / 1e6:.1f}M trained, peak {m['peak'] / MB:.0f} MB)", flush=True)  # fmt: skip
+        full = measure_logprobs(model, args, chunked=False)
+        chunked = measure_logprobs(model, args, chunked=True)
+    print(f"logprob step (batch {args.logprob_batch} x {args.logprob_seq}, vocab 151936): full logits {full / MB:.0f} MB, "
+          f"chunked ({args.chunk} tokens) {chunked / MB:.0f} MB", flush=True)  # fmt: skip
+    worst = max(figures.values())
+    pairs = {"device": device.type, "arch": args.arch, "layers": layers or "all", **{k: f"{v:.3f}" for k, v in figures.items()},
+             "worst_floor_ratio": f"{worst:.3f}", "logprob_full_mb": f"{full / MB:.0f}",
+             "logprob_chunked_mb": f"{chunked / MB:.0f}", "logprob_chunked_ratio": f"{chunked / full:.3f}"}  # fmt: skip
+    print(" ".join(f"{k}={v}" for k, v in pairs.items()))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

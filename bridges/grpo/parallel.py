@@ -1,0 +1,216 @@
+"""Several training processes: each rolls out and trains its share of a step; only gradients and
+metrics cross between them.
+
+A process learns its place from the variables every launcher sets — ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` — whether ``bridges.train trainer.num_processes=N``
+(``bridges.launch``), ``torchrun`` or ``accelerate launch`` started it; the process group is NCCL on
+GPUs and gloo on the CPU. Two strategies (``trainer.strategy``):
+- ``ddp``: every process holds the whole model; after the step's backward passes the gradients are
+  summed across processes in fp32 (one all-reduce per bucket). A step's loss is normalised by the
+  global number of samples, so the sum is exactly the one-process gradient of the same global batch.
+- ``fsdp``: FSDP2 (``fully_shard``) on every decoder layer and the root: parameters, gradients and
+  AdamW state sharded (what ZeRO-3 shards); parameters stored fp32 and gathered in ``trainer.dtype``
+  for compute, gradients reduced in fp32. FSDP averages gradients, so the loss is scaled by the
+  number of processes to sum them like ``ddp``. Every process must run the same number of forward and
+  backward passes (each is a collective): ``padded_chunk_count`` makes them equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradients all-reduced per call in ddp (128 MB of fp32)
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """This process's place among the training processes (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    strategy: str = "ddp"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.distributed and self.strategy == "fsdp"
+
+
+ONE_PROCESS = World()
+
+
+def world_from_env(strategy: str = "ddp") -> World:
+    return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                 int(os.environ.get("LOCAL_RANK", "0")), strategy)  # fmt: skip
+
+
+def start(world: World, device: torch.device) -> None:
+    """Join the process group (NCCL on CUDA, gloo on the CPU); nothing for one process."""
+    if not world.distributed or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+
+
+def stop() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks transformers names in ``_no_split_modules`` (what FSDP wraps one by one)."""
+    from transformers import PreTrainedModel
+
+    names: set[str] = set()
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            names |= set(module._no_split_modules or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(model: torch.nn.Module, world: World, compute_dtype: torch.dtype) -> torch.nn.Module:
+    """``fsdp``: FSDP2 on each decoder layer, then the root (in place); otherwise the model unchanged."""
+    if not world.sharded:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def loss_weight(world: World, global_samples: int) -> float:
+    """What each sample's loss is multiplied by so the processes' gradients add up to the mean over
+    the global batch (FSDP divides by the number of processes when it reduces; ddp sums)."""
+    return (world.size if world.sharded else 1.0) / global_samples
+
+
+def sum_gradients(params: list[torch.nn.Parameter], world: World) -> None:
+    """``ddp``: every process's gradients replaced by their sum over processes, in fp32 buckets."""
+    if not world.distributed or world.sharded:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    start_index = 0
+    while start_index < len(grads):
+        bucket: list[torch.Tensor] = []
+        size = 0
+        while start_index < len(grads) and (not bucket or size + grads[start_index].numel() <= BUCKET_ELEMENTS):
+            bucket.append(grads[start_index])
+            size += grads[start_index].numel()
+            start_index += 1
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in bucket])
+        dist.all_reduce(flat)
+        offset = 0
+        for grad in bucket:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+
+
+def reduce_sum(values: list[float], world: World, device: torch.device) -> list[float]:
+    """Element-wise sums over processes (the values themselves for one process)."""
+    if not world.distributed:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return [float(v) for v in tensor.tolist()]
+
+
+def reduce_max(value: float, world: World, device: torch.device) -> float:
+    if not world.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+def combine_tallies(tallies: dict[str, float], world: World) -> dict[str, float]:
+    """Per-process step tallies added up (keys starting ``max/`` take the maximum); every process
+    gets the same result. The keys may differ between processes (a stop reason seen by one only)."""
+    if not world.distributed:
+        return tallies
+    gathered: list[Any] = [None] * world.size
+    dist.all_gather_object(gathered, tallies)
+    combined: dict[str, float] = {}
+    for part in gathered:
+        for key, value in part.items():
+            if key.startswith("max/"):
+                combined[key] = max(combined.get(key, -math.inf), value)
+            else:
+                combined[key] = combined.get(key, 0.0) + value
+    return combined
+
+
+def full_state_dict(model: torch.nn.Module, names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The model's whole tensors by name (``names``: only those), on every process; sharded parameters
+    are gathered (a collective: every process calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and (names is None or k in names)}
+
+
+def load_full_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Whole tensors by name into the model (sharded to each process's part under fsdp; cast to the
+    parameters' dtype); names the model lacks are an error, tensors not given are left as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    own = set(model.state_dict())
+    unknown = [k for k in tensors if k not in own and "lm_head" not in k]
+    if unknown:
+        raise RuntimeError(f"tensors the model does not have: {unknown[:3]}")
+    set_model_state_dict(model, {k: v for k, v in tensors.items() if k in own},
+                         options=StateDictOptions(full_state_dict=True, strict=False))  # fmt: skip
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict[str, Any]:
+    """The optimizer's state, whole: by position (every ``ddp`` process holds it all), or by tensor
+    name gathered from the shards under ``fsdp`` (a collective)."""
+    if not world.sharded:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], world: World
+) -> None:
+    if not world.sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def grad_norm_value(norm: torch.Tensor) -> float:
+    """``clip_grad_norm_``'s result as a float (a replicated DTensor under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()

@@ -1,0 +1,148 @@
+"""Log-probabilities of chosen token ids under a causal LM, without all B×L×V logits at once.
+
+The plain computation — ``model(ids).logits``, ``log_softmax``, ``gather`` — holds B×L×V float32
+logits, and autograd keeps another copy for the backward: at Qwen's 151,936-token vocabulary a batch
+of 16×16 sequences of 512 tokens is ~80 GB. Here the model runs once for its final hidden states (its
+own forward, asked for no logits, with a hook on the decoder), and the vocabulary projection,
+log-softmax and gather run over the wanted positions only, ``chunk_tokens`` at a time, each chunk
+under activation checkpointing: one chunk's logits exist at a time, in the forward and again when the
+backward recomputes them. Positions nobody asked for (the prompt, padding) are never projected.
+
+For the usual plain linear head, ``HeadLogprobs`` computes the backward itself: the logits' gradient
+is made in place of the recomputed logits and the head's gradient is added into one buffer, so the
+backward holds one chunk too. A wrapped head (LoRA on it) goes through checkpointed chunks.
+
+Running the model's own forward (rather than its decoder and head separately) keeps wrappers that
+act in ``forward`` working: FSDP2 gathers the root's parameters there, peft routes through it.
+``chunked_matches_plain`` compares both ways once on a short input; a model whose forward does more
+after the projection than this split knows (logit soft-capping or scaling) falls back to the plain
+computation. Equal to it within 1e-6 in fp32 (``tests/grpo/test_token_logprobs.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def token_logprobs(
+    model: Any,
+    input_ids_B_L: torch.Tensor,
+    attention_mask_B_L: torch.Tensor,
+    targets_B_L: torch.Tensor,
+    wanted_B_L: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 256,
+    chunked: bool = True,
+) -> torch.Tensor:
+    """``out[b, t] = log p(targets[b, t] | ids[b, :t + 1])`` (logits / temperature) where ``wanted[b, t]``,
+    0 elsewhere; float32, shape (B, L). ``chunked=False``: the plain full-logits computation."""
+    position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
+    inputs = {"input_ids": input_ids_B_L, "attention_mask": attention_mask_B_L,
+              "position_ids": position_ids_B_L, "use_cache": False}  # fmt: skip
+    scale = 1.0 / temperature if temperature > 0 and temperature != 1.0 else 1.0
+    wanted = wanted_B_L.bool()
+    out_B_L = torch.zeros(input_ids_B_L.shape, dtype=torch.float32, device=input_ids_B_L.device)
+    if not chunked:
+        logits_B_L_V = model(**inputs).logits.float() * scale
+        picked = logits_B_L_V.gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1) - logits_B_L_V.logsumexp(-1)
+        return torch.where(wanted, picked, out_B_L)
+    hidden_B_L_H = final_hidden_states(model, inputs)
+    hidden_N_H, targets_N = hidden_B_L_H[wanted], targets_B_L[wanted]
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear and head.bias is None:  # the usual head: its gradient written in place
+        picked_N = HeadLogprobs.apply(hidden_N_H, head.weight, targets_N, scale, chunk_tokens)
+    else:  # a wrapped head (a LoRA adapter on it): each chunk through the module, recomputed in the backward
+        pieces = [
+            checkpoint(_chunk_logprobs, head, hidden_N_H[i : i + chunk_tokens], targets_N[i : i + chunk_tokens],
+                       scale, use_reentrant=False)  # fmt: skip
+            for i in range(0, hidden_N_H.shape[0], chunk_tokens)
+        ]
+        picked_N = torch.cat(pieces) if pieces else hidden_N_H.new_zeros(0, dtype=torch.float32)
+    return out_B_L.masked_scatter(wanted, picked_N)
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """``log_softmax(hidden @ weight.T * scale)`` at the targets, ``chunk`` rows at a time, for a plain
+    linear head. The forward keeps each row's log-sum-exp and no logits; the backward recomputes one
+    chunk's logits, turns them into their own gradient in place (``g * (onehot - softmax)``): one chunk
+    of logits is the most that ever exists.
+
+    The head's gradient is added into ``weight.grad`` in place (the weight is a leaf parameter) rather
+    than returned: returned, autograd would sum it with a tied input embedding's gradient out of place,
+    three vocabulary-sized tensors at once (at Qwen's vocabulary and width, 1.5 GB in fp32)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor, targets_N: torch.Tensor,
+                scale: float, chunk: int) -> torch.Tensor:  # fmt: skip
+        picked_N = torch.empty(hidden_N_H.shape[0], dtype=torch.float32, device=hidden_N_H.device)
+        lse_N = torch.empty_like(picked_N)
+        for i in range(0, hidden_N_H.shape[0], chunk):
+            logits_C_V = (hidden_N_H[i : i + chunk] @ weight_V_H.T).float().mul_(scale)
+            lse_N[i : i + chunk] = logits_C_V.logsumexp(-1)
+            picked_N[i : i + chunk] = logits_C_V.gather(-1, targets_N[i : i + chunk, None]).squeeze(-1)
+        ctx.save_for_backward(hidden_N_H, targets_N, lse_N)
+        ctx.weight, ctx.scale, ctx.chunk = weight_V_H, scale, chunk  # the parameter itself, for its .grad
+        return picked_N - lse_N
+
+    @staticmethod
+    def backward(ctx: Any, grad_N: torch.Tensor) -> tuple[Any, ...]:
+        hidden_N_H, targets_N, lse_N = ctx.saved_tensors
+        weight_V_H = ctx.weight
+        grad_hidden = torch.empty_like(hidden_N_H) if ctx.needs_input_grad[0] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            if weight_V_H.grad is None:
+                weight_V_H.grad = torch.zeros_like(weight_V_H)
+            grad_weight = weight_V_H.grad
+        for i in range(0, hidden_N_H.shape[0], ctx.chunk):
+            rows, g_C = slice(i, i + ctx.chunk), grad_N[i : i + ctx.chunk, None]
+            logits_C_V = (hidden_N_H[rows] @ weight_V_H.T).float().mul_(ctx.scale)
+            grad_C_V = logits_C_V.sub_(lse_N[rows, None]).exp_().mul_(-g_C)  # -g * softmax, in place
+            grad_C_V.scatter_add_(-1, targets_N[rows, None], g_C).mul_(ctx.scale)
+            grad_C_V = grad_C_V.to(hidden_N_H.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_C_V @ weight_V_H
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_C_V.T, hidden_N_H[rows])
+        return grad_hidden, None, None, None, None  # the weight's gradient is already in weight.grad
+
+
+def _chunk_logprobs(head: Any, hidden_C_H: torch.Tensor, targets_C: torch.Tensor, scale: float) -> torch.Tensor:
+    logits_C_V = head(hidden_C_H).float() * scale
+    return logits_C_V.gather(-1, targets_C.unsqueeze(-1)).squeeze(-1) - logits_C_V.logsumexp(-1)
+
+
+def final_hidden_states(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """The decoder's last hidden states (after its final norm) from one ordinary forward of ``model``
+    that computes the logits of no position at all."""
+    captured: list[torch.Tensor] = []
+    hook = model.get_decoder().register_forward_hook(
+        lambda module, args, output: captured.append(output.last_hidden_state)
+    )
+    try:
+        no_position = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        model(**inputs, logits_to_keep=no_position)
+    finally:
+        hook.remove()
+    return captured[-1]
+
+
+def chunked_matches_plain(model: Any, vocab_size: int, *, tolerance: float = 1e-3) -> bool:
+    """Whether the chunked path gives the plain path's logprobs on this model (one short forward each,
+    without gradients): false for a forward that cannot skip its logits or transforms them."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, vocab_size, (1, 8), generator=generator, device="cpu").to(device)
+    ones = torch.ones_like(ids)
+    targets = torch.roll(ids, -1, dims=1)
+    with torch.no_grad():
+        plain = token_logprobs(model, ids, ones, targets, ones, chunked=False)
+        try:
+            chunked = token_logprobs(model, ids, ones, targets, ones, chunk_tokens=3)
+        except (AttributeError, TypeError, IndexError):
+            return False
+    return bool(torch.allclose(plain, chunked, atol=tolerance, rtol=0.0))
