@@ -149,7 +149,9 @@ def load_checkpoint(
 def check_strategy(path: Path, meta: dict[str, Any] | None, sharded: bool) -> None:
     """A checkpoint's optimizer state is keyed by position (one process, or ddp) or by name (fsdp): one
     sentence when the run resuming it would read the other kind."""
-    meta = meta if meta is not None else json.loads((path / TRAINER_META).read_text())
+    if meta is None:  # a checkpoint without trainer state has no optimizer state to misread
+        meta_file = path / TRAINER_META
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     keys = meta.get("optimizer_keys", "position")
     if keys != ("name" if sharded else "position"):
         wrote, now = ("fsdp on several processes", "ddp") if keys == "name" else ("ddp", "fsdp")

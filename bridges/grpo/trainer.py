@@ -137,15 +137,15 @@ def validate(config: TrainConfig, options: None = None) -> None:
         intact, damaged = intact_checkpoints(ckpt_dir)
         if damaged and not intact:
             raise no_intact_checkpoint(ckpt_dir, damaged)
-        if intact:
-            processes = max(t.num_processes, launched_size())
-            check_strategy(intact[0], None, sharded=hardware_settings(config)[1] == "fsdp" and processes > 1)
         if intact and is_adapter_checkpoint(intact[0]) != (t.lora_rank > 0):
             kind = "a LoRA adapter" if is_adapter_checkpoint(intact[0]) else "full weights"
             raise ConfigError(
                 f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={t.lora_rank}; "
                 "resume with the lora_rank the run was started with."
             )
+        if intact:
+            processes = max(t.num_processes, launched_size())
+            check_strategy(intact[0], None, sharded=hardware_settings(config)[1] == "fsdp" and processes > 1)
     if t.lora_rank > 0:
         require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
         check_lora_targets(config.model, t.lora_target_modules)
