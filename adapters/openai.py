@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bridges.errors import ConfigError
+from bridges.runtime.errors import ConfigError
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
-from bridges.tiny import build_tiny_tokenizer
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.models.tiny import build_tiny_tokenizer
 
 REPLY = "The answer is 5."
 

@@ -1,7 +1,7 @@
 """The fidelity table: 1,000 random multi-turn tool episodes per model family through ``EngineClient``.
 
 Each family's tiny random model over its real BPE vocabulary (``model=tiny-<family>``,
-bridges/family_models.py) plays episodes of 4 turns (bridges/fidelity.py): tool_choice drawn per turn,
+bridges/models/family_models.py) plays episodes of 4 turns (bridges/jobs/fidelity.py): tool_choice drawn per turn,
 tool results fed back, a quarter streamed. Per family it prints the episodes, the ledger breaks (turns
 whose prompt does not extend the previous prompt + sampled ids: the number that must be 0), what a
 re-render would have changed (drifted turns, drift tokens; rewritten = other text, retokenized =
@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import time
 
-from bridges.tiny import FAMILY_MODEL_NAMES
+from bridges.models.tiny import FAMILY_MODEL_NAMES
 
 
 def run_family(name: str, episodes: int) -> tuple[dict, float, object]:
@@ -26,9 +26,9 @@ def run_family(name: str, episodes: int) -> tuple[dict, float, object]:
 
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
-    from bridges.family_models import family_model_path
-    from bridges.fidelity import run_fidelity
-    from bridges.template_check import check_template
+    from bridges.client.template_check import check_template
+    from bridges.jobs.fidelity import run_fidelity
+    from bridges.models.family_models import family_model_path
 
     path = family_model_path(name)
     check = check_template(AutoTokenizer.from_pretrained(path))

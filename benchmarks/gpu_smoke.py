@@ -51,8 +51,8 @@ def flops_per_token(config: Any, context: float) -> float:
 def run_arch(arch: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    from bridges.family_models import build_architecture
-    from bridges.hardware import resolve_device
+    from bridges.models.family_models import build_architecture
+    from bridges.models.hardware import resolve_device
     from bridges.train import main as train
 
     model = build_architecture(arch, folder / arch, layers=args.layers)
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on a CPU")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    from bridges.hardware import resolve_device
+    from bridges.models.hardware import resolve_device
 
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

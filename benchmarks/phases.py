@@ -50,7 +50,7 @@ PHASES: dict[str, tuple[str, ...]] = {
         "bridges.client.engine_client:EngineClient._generate",
     ),
     "environment hooks": ("bridges.envs.multiturn:MultiTurnEnv._hook",),
-    "scoring": ("bridges.rubric:Rubric.score_group",),
+    "scoring": ("bridges.envs.rubric:Rubric.score_group",),
     "environment loop (own)": (
         "bridges.envs.multiturn:MultiTurnEnv.rollout",
         "bridges.envs.base:Environment._bounded_rollout",

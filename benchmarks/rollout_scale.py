@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bridges.types import Sample, SamplingParams  # noqa: E402
+from bridges.envs.types import Sample, SamplingParams  # noqa: E402
 
 REPLY = "Let me think about it."
 
@@ -82,8 +82,8 @@ async def run(rollouts: int, turns: int, latency: float, phases: bool = False) -
     import gc
 
     from bridges.client import EngineClient
-    from bridges.registry import load_environment
-    from bridges.tiny import build_tiny_tokenizer
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import build_tiny_tokenizer
 
     env = load_environment("guess_number", num_train=rollouts, num_eval=1, max_turns=turns)
     rows = [dict(r) for r in env.get_dataset()]

@@ -82,11 +82,11 @@ def state_of(ctx: Any) -> list[Any]:
 
 def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -> dict[str, float]:
     """Peak bytes of the second optimizer step, the floor for that scheme and batch, trained parameters."""
-    from bridges.config import parse_config
     from bridges.grpo.parallel import World
     from bridges.grpo.trainer import build_step_context, train_step
-    from bridges.hardware import placement
-    from bridges.train_config import TrainConfig
+    from bridges.models.hardware import placement
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
 
     settings = [f"model={model}", f"trainer.dtype={dtype}", f"trainer.device={args.device}", "trainer.learning_rate=1e-5",
                 "trainer.gradient_checkpointing=true", f"trainer.logprob_chunk_tokens={args.chunk}",
@@ -132,8 +132,8 @@ def measure_logprobs(model: str, args: argparse.Namespace, chunked: bool) -> int
     ``HeadLogprobs`` in chunks of ``--chunk`` positions (what the trainer runs)."""
     from transformers import AutoConfig
 
-    from bridges.hardware import resolve_device
-    from bridges.token_logprobs import HeadLogprobs
+    from bridges.models.hardware import resolve_device
+    from bridges.models.token_logprobs import HeadLogprobs
 
     config, device = AutoConfig.from_pretrained(model), resolve_device(args.device)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -169,8 +169,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_tokens (its default)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    from bridges.family_models import build_architecture
-    from bridges.hardware import resolve_device
+    from bridges.models.family_models import build_architecture
+    from bridges.models.hardware import resolve_device
 
     device = resolve_device(args.device)
     layers = args.layers or (None if device.type == "cuda" else 4)

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def run_bridges(args: argparse.Namespace, out: Path) -> tuple[float, list[float]]:
-    from bridges.config import parse_config
     from bridges.grpo.trainer import run
-    from bridges.train_config import TrainConfig
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
 
     config = parse_config(
         TrainConfig,
@@ -51,8 +51,8 @@ def run_trl(args: argparse.Namespace, out: Path) -> tuple[float, list[float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from bridges.registry import load_environment
-    from bridges.tiny import tiny_model_path
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import tiny_model_path
 
     env = load_environment("repeat_letter")
     reward_fn = env.rubric.get_reward_funcs()[0]

@@ -103,7 +103,7 @@ def engine_client(latency: float) -> Any:
     from rollout_scale import LatencyEngine
 
     from bridges.client import EngineClient
-    from bridges.tiny import build_tiny_tokenizer
+    from bridges.models.tiny import build_tiny_tokenizer
 
     engine = LatencyEngine(build_tiny_tokenizer(), latency)
     engine._ids = engine.tokenizer.backend_tokenizer.encode(REPLY, add_special_tokens=False).ids + [

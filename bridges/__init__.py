@@ -6,24 +6,27 @@ openai SDK, no datasets) and fast; each is loaded on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bridges.runtime import old_paths
+from bridges.runtime.lazy import lazy_exports
 
 __version__ = "0.1.0"
+old_paths.install()  # bridges.rubric and the other pre-folder paths still import (CHANGELOG.md)
 
 _EXPORTS: dict[str, str] = {
     # typed records and errors
-    "State": "bridges.types",
-    "Turn": "bridges.types",
-    "StopReason": "bridges.types",
-    "SamplingParams": "bridges.types",
-    "Sample": "bridges.types",
-    "Engine": "bridges.types",
-    "Messages": "bridges.types",
-    "BridgesError": "bridges.errors",
-    "ConfigError": "bridges.errors",
-    "MissingExtraError": "bridges.errors",
-    "EnvironmentNotFoundError": "bridges.errors",
+    "State": "bridges.envs.types",
+    "Turn": "bridges.envs.types",
+    "StopReason": "bridges.envs.types",
+    "SamplingParams": "bridges.envs.types",
+    "Sample": "bridges.envs.types",
+    "Engine": "bridges.envs.types",
+    "Messages": "bridges.envs.types",
+    "BridgesError": "bridges.runtime.errors",
+    "ConfigError": "bridges.runtime.errors",
+    "MissingExtraError": "bridges.runtime.errors",
+    "EnvironmentNotFoundError": "bridges.runtime.errors",
     # environments
     "Environment": "bridges.envs.base",
     "GenerateResult": "bridges.envs.base",
@@ -33,44 +36,34 @@ _EXPORTS: dict[str, str] = {
     "ToolEnv": "bridges.envs.tool",
     "tool_schema": "bridges.envs.tool_schema",
     # scoring and parsing
-    "Rubric": "bridges.rubric",
-    "reward": "bridges.rubric",
-    "JudgeRubric": "bridges.judge",
-    "Parser": "bridges.parsers",
-    "XMLParser": "bridges.parsers",
-    "ThinkParser": "bridges.parsers",
+    "Rubric": "bridges.envs.rubric",
+    "reward": "bridges.envs.rubric",
+    "JudgeRubric": "bridges.envs.judge",
+    "Parser": "bridges.envs.parsers",
+    "XMLParser": "bridges.envs.parsers",
+    "ThinkParser": "bridges.envs.parsers",
     # loading
-    "load_environment": "bridges.registry",
+    "load_environment": "bridges.envs.registry",
     # the client layer
     "EngineClient": "bridges.client.engine_client",
 }
 
 __all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("bridges", _EXPORTS, globals())
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'bridges' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from bridges.client.engine_client import EngineClient
     from bridges.envs.base import Environment, GenerateResult
+    from bridges.envs.judge import JudgeRubric
     from bridges.envs.multiturn import MultiTurnEnv, stop
+    from bridges.envs.parsers import Parser, ThinkParser, XMLParser
+    from bridges.envs.registry import load_environment
+    from bridges.envs.rubric import Rubric, reward
     from bridges.envs.singleturn import SingleTurnEnv
     from bridges.envs.tool import ToolEnv
     from bridges.envs.tool_schema import tool_schema
-    from bridges.errors import BridgesError, ConfigError, EnvironmentNotFoundError, MissingExtraError
-    from bridges.judge import JudgeRubric
-    from bridges.parsers import Parser, ThinkParser, XMLParser
-    from bridges.registry import load_environment
-    from bridges.rubric import Rubric, reward
-    from bridges.types import Engine, Messages, Sample, SamplingParams, State, StopReason, Turn
+    from bridges.envs.types import Engine, Messages, Sample, SamplingParams, State, StopReason, Turn
+    from bridges.runtime.errors import BridgesError, ConfigError, EnvironmentNotFoundError, MissingExtraError

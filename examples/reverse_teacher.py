@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
 
 USER = "<|im_start|>user\n"
 END = "<|im_end|>"
@@ -31,7 +31,7 @@ class ReverseTextTeacher:
     def from_pretrained(cls, model: str, **options: Any) -> ReverseTextTeacher:
         from transformers import AutoTokenizer
 
-        from bridges.tiny import resolve_model_path
+        from bridges.models.tiny import resolve_model_path
 
         return cls(AutoTokenizer.from_pretrained(resolve_model_path(model)))
 

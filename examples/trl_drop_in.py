@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from bridges.adapters.trl import trl_trainer_kwargs  # rl-bridges
-from bridges.tiny import tiny_model_path
+from bridges.models.tiny import tiny_model_path
 
 env_id = sys.argv[1] if len(sys.argv) > 1 else "guess_number"
 max_steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3

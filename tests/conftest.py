@@ -34,6 +34,16 @@ def bridges_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         os.environ.pop("BRIDGES_CACHE_DIR", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_tinker_session_outlives_the_suite() -> Iterator[None]:
+    """Every Tinker SDK client a test or our code opened is closed by the end: an open one keeps its
+    heartbeat thread running and prints "Tinker is down" into the terminal after pytest's summary."""
+    yield
+    from tinker_sessions import open_tinker_sessions
+
+    assert open_tinker_sessions() == 0, "a tinker.ServiceClient was left open (close it: open_service)"
+
+
 @pytest.fixture(autouse=True)
 def own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test starts in a fresh, empty working directory of its own.
@@ -51,7 +61,7 @@ def own_working_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 @pytest.fixture(scope="session")
 def tiny_path(bridges_cache_dir: Path) -> Path:
     """The folder of the tiny model (seed 0), built once per session."""
-    from bridges.tiny import tiny_model_path
+    from bridges.models.tiny import tiny_model_path
 
     return tiny_model_path()
 

@@ -26,7 +26,7 @@ def _run(*args: str) -> str:
 
 
 def _fields(line: str) -> dict[str, float]:
-    return {key: float(value) for key, value in re.findall(r"(\w+)=([-\d.]+)", line)}
+    return {key: float(value) for key, value in re.findall(r"([\w.-]+)=([-\d.]+)", line)}  # qwen2.5-0.5b_mfu=…
 
 
 def test_rollout_scale_prints_cpu_per_call_and_every_phase_claims_time():
@@ -64,7 +64,7 @@ def test_gpu_smoke_runs_on_the_cpu_at_a_small_shape():
 @pytest.mark.slow
 def test_trainer_memory_prints_its_ratios_at_a_small_shape():
     out = _run(str(ROOT / "benchmarks/trainer_memory.py"), "--layers", "1", "--seq", "32", "--batch", "1",
-               "--logprob-batch", "4", "--chunk", "16")  # fmt: skip
+               "--logprob-batch", "4", "--logprob-seq", "16", "--chunk", "16")  # fmt: skip
     fields = _fields(out.strip().splitlines()[-1])
     for name in ("full_fp32", "full_bf16", "lora_fp32", "lora_bf16"):
         assert 0.9 < fields[f"{name}_ratio"] < 2.0, name  # a peak below the floor would mean a counting bug

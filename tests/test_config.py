@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from bridges.config import parse_config
-from bridges.errors import ConfigError
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
+from bridges.runtime.errors import ConfigError
 
 
 def test_overrides_nested_keys_and_open_sections(tmp_path):
@@ -67,8 +67,8 @@ def test_unknown_backend_lists_the_available_ones():
 
 
 def test_an_unset_learning_rate_suits_the_model_and_help_says_which(tmp_path):
-    from bridges.config import HelpRequested
-    from bridges.train import train_schema
+    from bridges.jobs.train import train_schema
+    from bridges.runs.config import HelpRequested
 
     def resolved(*args: str) -> float:
         return parse_config(TrainConfig, list(args)).resolved_learning_rate

@@ -102,7 +102,7 @@ class Block(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Block())
 import importlib
-from bridges.errors import MissingExtraError
+from bridges.runtime.errors import MissingExtraError
 results = {}
 # the mapped packages (bridges.adapters -> adapters/ ...) are not folders under bridges/: walk each
 for root in ("bridges", "bridges.adapters", "bridges.workflows", "bridges.environments"):

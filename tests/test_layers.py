@@ -1,14 +1,23 @@
-"""Layers only point down, and no module imports itself back through others.
+"""The folders of ``bridges`` form layers that only point down, and nothing imports itself back.
 
-core (``bridges`` types, envs, rubric, parsers, messages, client, registry, config, ...)
-  <- ``bridges.environments`` <- ``bridges.workflows`` <- ``bridges.adapters``
-  <- applications (the grpo trainer, the CLIs train / eval / compare / serve / rescore / check /
-  init / export / sft, and the fidelity run).
+From the bottom up (each may import only what is below it, never beside it in the top two rows):
+
+    runtime                      errors, deadlines, bounded user code, processes, HTTP thread
+    envs                         the environment API: records, messages, parsers, rubrics, envs, registry
+    models                       placement and loading, the tiny and family models, chunked logprobs
+    client                       any engine as an openai.AsyncOpenAI, with the token ledger
+    runs                         config, the backend/engine seam tables, preflight, metrics
+    bridges (the public face)    lazy re-exports for ``import bridges as br``
+    bridges.environments         bundled environments
+    bridges.workflows            environment state -> token-exact episodes
+    bridges.adapters             one folder per backend or engine
+    grpo | server | jobs         applications: the bundled trainer, the HTTP server, the other commands' work
+    train, eval, serve, ...      the commands at the root: argument handling and one call
 
 Every ``import`` counts, module level or inside a function (a function-level import is still a
-dependency; it only moves the failure to run time). Backends and engines are reached from the
-core only through declared dotted-path tables (``bridges.backends``, ``bridges.registry``), which
-are data, not imports.
+dependency; it only moves the failure to run time). Backends and engines are reached from below
+only through declared dotted-path tables (``bridges.runs.backends``, ``bridges.runs.engines``),
+which are data, not imports.
 """
 
 from __future__ import annotations
@@ -19,19 +28,37 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"bridges": "bridges", "environments": "bridges.environments", "workflows": "bridges.workflows",
            "adapters": "bridges.adapters"}  # fmt: skip
-APPLICATIONS = ("bridges.grpo", "bridges.train", "bridges.eval", "bridges.compare", "bridges.compare_report",
-                "bridges.serve", "bridges.serve_schema", "bridges.rescore", "bridges.check",
-                "bridges.fidelity", "bridges.init", "bridges.export", "bridges.sft")  # fmt: skip
-LAYER_NAMES = ["core", "environments", "workflows", "adapters", "applications"]
+# (layer name, the packages in it); within the two top layers, no package imports another
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("runtime", ("bridges.runtime",)),
+    ("envs", ("bridges.envs",)),
+    ("models", ("bridges.models",)),
+    ("client", ("bridges.client",)),
+    ("runs", ("bridges.runs",)),
+    ("public face", ("bridges",)),
+    ("environments", ("bridges.environments",)),
+    ("workflows", ("bridges.workflows",)),
+    ("adapters", ("bridges.adapters",)),
+    ("applications", ("bridges.grpo", "bridges.server", "bridges.jobs")),
+    ("commands", ()),  # every other module at the root of bridges/
+]
+SIDE_BY_SIDE = ("applications", "commands")
+COMMANDS = {"train", "eval", "serve", "compare", "check", "sft", "rescore", "export", "init"}
 
 
-def layer(module: str) -> int:
-    if any(module == app or module.startswith(app + ".") for app in APPLICATIONS):
-        return 4
-    for rank, package in ((3, "bridges.adapters"), (2, "bridges.workflows"), (1, "bridges.environments")):
-        if module == package or module.startswith(package + "."):
-            return rank
-    return 0
+def place(module: str) -> tuple[int, str]:
+    """(layer index, the package or command it belongs to)."""
+    best: tuple[int, str] | None = None
+    for rank, (_, packages) in enumerate(LAYERS):
+        for package in packages:
+            inside = module == package or module.startswith(package + ".")
+            if inside and package != "bridges" and (best is None or len(package) > len(best[1])):
+                best = (rank, package)
+    if best is not None:
+        return best
+    if module == "bridges":
+        return 5, "bridges"
+    return len(LAYERS) - 1, module
 
 
 def modules() -> dict[str, Path]:
@@ -68,16 +95,54 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def against_the_layers(source: str, target: str) -> bool:
+    (source_rank, source_home), (target_rank, target_home) = place(source), place(target)
+    if target_rank != source_rank:
+        return target_rank > source_rank
+    return LAYERS[source_rank][0] in SIDE_BY_SIDE and source_home != target_home
+
+
 def test_layers_only_point_down():
     graph = import_graph()
-    assert len(graph) > 80
-    upward = [
-        f"{source} ({LAYER_NAMES[layer(source)]}) imports {target} ({LAYER_NAMES[layer(target)]})"
+    assert len(graph) > 100
+    wrong = [
+        f"{source} ({LAYERS[place(source)[0]][0]}) imports {target} ({LAYERS[place(target)[0]][0]})"
         for source, targets in sorted(graph.items())
         for target in sorted(targets)
-        if layer(target) > layer(source)
+        if against_the_layers(source, target)
     ]
-    assert not upward, "\n".join(upward)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_rule_catches_an_import_against_it():
+    """The rule itself, on imports that must be refused: up a layer, and sideways at the top."""
+    assert against_the_layers("bridges.runtime.errors", "bridges.envs.types")
+    assert against_the_layers("bridges.client.ledger", "bridges.runs.config")
+    assert against_the_layers("bridges.runs.preflight", "bridges.adapters.hf.engine")
+    assert against_the_layers("bridges.jobs.evaluate", "bridges.grpo.trainer")
+    assert against_the_layers("bridges.train", "bridges.check")
+    assert not against_the_layers("bridges.grpo.trainer", "bridges.adapters.hf.engine")
+    assert not against_the_layers("bridges.train", "bridges.jobs.train")
+    assert not against_the_layers("bridges.environments.reverse_text", "bridges")
+
+
+def test_the_root_holds_the_public_face_the_commands_and_the_folders():
+    """``ls bridges/`` is the map: folders by role, and commands that parse arguments and call one
+    function in a folder (no classes, no helpers of their own)."""
+    root = REPO / "bridges"
+    files = {p.stem for p in root.glob("*.py")}
+    assert files == COMMANDS | {"__init__"}
+    folders = {p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    installed = {"adapters", "workflows", "environments"}  # repository-root folders, mapped into bridges.*
+    layered = {package.split(".")[1] for _, packages in LAYERS for package in packages if "." in package}
+    assert folders == layered - installed
+    for command in COMMANDS:
+        tree = ast.parse((root / f"{command}.py").read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+        assert defined <= {"main", "cli"}, (command, defined)
+    for folder in folders:
+        docstring = ast.get_docstring(ast.parse((root / folder / "__init__.py").read_text())) or ""
+        assert "May import" in docstring and "Must not" in docstring, folder
 
 
 def test_no_import_cycles():

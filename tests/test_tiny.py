@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bridges.tiny import CHARACTERS, MARKUP_TOKENS, SPECIAL_TOKENS, build_tiny_model, tiny_model_path
+from bridges.models.tiny import CHARACTERS, MARKUP_TOKENS, SPECIAL_TOKENS, build_tiny_model, tiny_model_path
 
 TOOL_CALL = {
     "id": "c1",

@@ -11,7 +11,7 @@ import math
 import typing
 from typing import Literal, cast
 
-from bridges.types import State
+from bridges.envs.types import State
 from bridges.workflows.types import Group
 
 AdvantageMethod = Literal["grpo", "dr_grpo"]
@@ -20,7 +20,7 @@ AdvantageMethod = Literal["grpo", "dr_grpo"]
 def advantage_method(name: str) -> AdvantageMethod:
     """A config string (``trainer.loss``) as an advantage method, refused in one sentence if unknown."""
     if name not in typing.get_args(AdvantageMethod):
-        from bridges.errors import ConfigError
+        from bridges.runtime.errors import ConfigError
 
         raise ConfigError(
             f"trainer.loss must be one of {', '.join(typing.get_args(AdvantageMethod))}; got '{name}'."

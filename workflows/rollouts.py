@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridges.envs.base import Environment, group_sampling_args
-from bridges.gc_policy import relaxed_gc
+from bridges.runtime.gc_policy import relaxed_gc
 from bridges.workflows.advantages import AdvantageMethod, build_group
 from bridges.workflows.types import Group
 
@@ -50,7 +50,7 @@ async def run_groups(
 ) -> list[Group]:
     """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight);
     a ``seed`` is shifted per row (``group_sampling_args``), so no two groups share noise."""
-    with relaxed_gc():  # a batch of live rollouts: see bridges/gc_policy.py
+    with relaxed_gc():  # a batch of live rollouts: see bridges/runtime/gc_policy.py
         return list(
             await asyncio.gather(
                 *(

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from bridges.errors import TrainingDivergedError
-from bridges.metrics import StepProgress, finish_run
+from bridges.runs.metrics import StepProgress, finish_run
+from bridges.runtime.errors import TrainingDivergedError
 from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics, step_tallies
 from bridges.workflows.traces import open_run_files
 from bridges.workflows.types import Group, TrainingSample

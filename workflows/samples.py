@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridges.types import State, Turn
+from bridges.envs.types import State, Turn
 from bridges.workflows.types import TrainingSample
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridges.results import message_record, record_to_state
+from bridges.envs.results import message_record, record_to_state
 from bridges.workflows.samples import SampleStats, state_to_samples
 from bridges.workflows.traces import read_traces
 

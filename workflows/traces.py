@@ -1,6 +1,6 @@
 """Traces: every episode as one JSONL line with its provenance, re-scorable offline.
 
-A trace line is the full rollout record (``bridges.results.state_to_record``: messages, answer,
+A trace line is the full rollout record (``bridges.envs.results.state_to_record``: messages, answer,
 info, token ids, reward, metrics, stop reason, error) plus where it came from (backend, engine,
 model, weight version, sampling args, environment id/args, seed, step) and the advantage it was
 trained with. Lines are flushed as each group finishes, so a crash loses no finished episode.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bridges.errors import ConfigError
+from bridges.runtime.errors import ConfigError
 from bridges.workflows.types import Group
 
 
@@ -54,7 +54,7 @@ class TraceWriter:
         self._append(self._line(state, advantage, extra))
 
     def _line(self, state: Any, advantage: float | None, extra: dict[str, Any]) -> str:
-        from bridges.results import state_to_record
+        from bridges.envs.results import state_to_record
 
         record = state_to_record(state)
         record["advantage"] = advantage
@@ -99,7 +99,7 @@ def open_run_files(
     that is not the ``main`` one gets no logger and a writer that only appends."""
     import dataclasses
 
-    from bridges.metrics import MetricsLogger
+    from bridges.runs.metrics import MetricsLogger
 
     logger = MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step) if main else None
     provenance = {"backend": backend, "engine": engine, "model": model, "env_id": config.env,

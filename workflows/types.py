@@ -1,6 +1,6 @@
 """What trainers consume: scored groups of rollouts and the token samples made from them.
 
-A rollout has exactly one record, the environment's ``bridges.types.State`` (its ``turns`` hold the
+A rollout has exactly one record, the environment's ``bridges.envs.types.State`` (its ``turns`` hold the
 exact ids the engine saw and sampled); a ``Group`` is one task's States with their group-relative
 advantages. ``TrainingSample`` is what a trainer consumes: one token sequence with a loss mask (1 on
 sampled ids, 0 on prompt/environment/tool ids), the sampler's logprobs and the advantage. Every
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bridges.types import State
+from bridges.envs.types import State
 
 
 class TrainingSample(BaseModel):

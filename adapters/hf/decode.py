@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from bridges.adapters.hf.sampling import BatchSampler
-from bridges.types import FinishReason, SamplingParams
+from bridges.envs.types import FinishReason, SamplingParams
 
 
 @dataclass(slots=True)

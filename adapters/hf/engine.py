@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridges.errors import BridgesError, EngineError, PromptTooLongError
-from bridges.types import MAX_TOP_LOGPROBS, Sample, SamplingParams
+from bridges.envs.types import MAX_TOP_LOGPROBS, Sample, SamplingParams
+from bridges.runtime.errors import BridgesError, EngineError, PromptTooLongError
 
 
 class InvalidRequestError(BridgesError, ValueError):
@@ -107,13 +107,13 @@ class HFEngine:
 
     @classmethod
     def from_pretrained(cls, model: str, *, dtype: str = "auto", device: str | Any = "auto", **kw: Any) -> HFEngine:
-        """Load ``model`` ("tiny", a local folder or a hub id) through ``bridges.hardware.load_causal_lm``:
+        """Load ``model`` ("tiny", a local folder or a hub id) through ``bridges.models.hardware.load_causal_lm``:
         ``device``/``dtype`` as every command takes them (``auto``: CUDA in bf16 where available, else the
         CPU in fp32)."""
         from transformers import AutoTokenizer
 
-        from bridges.hardware import load_causal_lm, placement
-        from bridges.tiny import resolve_model_path
+        from bridges.models.hardware import load_causal_lm, placement
+        from bridges.models.tiny import resolve_model_path
 
         path = resolve_model_path(model)
         where = placement(str(device), dtype)

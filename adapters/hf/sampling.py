@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
 
 _MASK64 = (1 << 63) - 1
 

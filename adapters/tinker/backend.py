@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridges.backends import Backend, typed_options
-from bridges.config import option
-from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
+from bridges.runs.backends import Backend, typed_options
+from bridges.runs.config import option
+from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
+from bridges.runtime.errors import ConfigError, require_extra
 from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
@@ -61,7 +61,7 @@ class TinkerOptions:
         trains LoRA adapters, so an unset learning rate takes the LoRA default."""
         from tinker import types
 
-        from bridges.train_config import learning_rate
+        from bridges.runs.train_config import learning_rate
 
         return types.AdamParams(
             learning_rate=learning_rate(trainer, model, lora=True),
@@ -88,7 +88,7 @@ class TinkerOptions:
 
 def validate(config: TrainConfig, options: TinkerOptions) -> None:
     """backend=tinker's checks before a server starts or a client connects."""
-    from bridges.preflight import check_model
+    from bridges.runs.preflight import check_model
 
     if config.sampling.temperature != 1.0:
         raise ConfigError(
@@ -194,7 +194,7 @@ class _Learner:
 
     async def train(self, samples: list[Any]) -> dict[str, Any]:
         from bridges.adapters.tinker.datums import sample_to_datum
-        from bridges.metrics import renamed
+        from bridges.runs.metrics import renamed
 
         t = self.config.trainer
         if not samples:
@@ -220,11 +220,11 @@ class _Learner:
 
 
 async def _train(config: TrainConfig, options: TinkerOptions) -> int:
-    import tinker
     from transformers import AutoTokenizer
 
-    from bridges.registry import load_environment
-    from bridges.tiny import resolve_model_path
+    from bridges.adapters.tinker.session import open_service
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import resolve_model_path
 
     run_dir = Path(config.output_dir) / config.resolved_run_name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,16 +232,16 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
     env.max_concurrent = config.trainer.max_concurrent
     base_model = options.base_model or config.model
     checkpoints = Checkpoints(run_dir)
-    service = tinker.ServiceClient(base_url=options.base_url)
-    training, start = await _open_training(config, service, checkpoints, base_model)
-    local = options.tokenizer or (resolve_model_path(config.model) if base_model == config.model else None)
-    tokenizer = AutoTokenizer.from_pretrained(local) if local else training.get_tokenizer()
-    learner = _Learner(config, options, env, tokenizer, base_model, training, checkpoints, start)
-    learner.sampler = await training.save_weights_and_get_sampling_client()
-    sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: validate()
-    spec = RunSpec(run_dir, "tinker", "tinker", base_model, env.get_dataset(), sampling_args,
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"])  # fmt: skip
-    await run_training(config, spec, learner, start)
+    with open_service(options.base_url) as service:
+        training, start = await _open_training(config, service, checkpoints, base_model)
+        local = options.tokenizer or (resolve_model_path(config.model) if base_model == config.model else None)
+        tokenizer = AutoTokenizer.from_pretrained(local) if local else training.get_tokenizer()
+        learner = _Learner(config, options, env, tokenizer, base_model, training, checkpoints, start)
+        learner.sampler = await training.save_weights_and_get_sampling_client()
+        sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: validate()
+        spec = RunSpec(run_dir, "tinker", "tinker", base_model, env.get_dataset(), sampling_args,
+                       ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"])  # fmt: skip
+        await run_training(config, spec, learner, start)
     return 0
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.errors import ConfigError, UnsupportedRequestError
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.runtime.errors import ConfigError, UnsupportedRequestError
 
 
 def tinker_sampling_params(params: SamplingParams, eos_ids: set[int]) -> dict[str, Any]:

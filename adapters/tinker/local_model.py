@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from bridges.adapters.tinker.losses import datum_loss
-from bridges.token_logprobs import chunked_matches_plain, token_logprobs
+from bridges.models.token_logprobs import chunked_matches_plain, token_logprobs
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -72,7 +72,7 @@ class LocalModel:
     def __init__(self, path: str | Path, *, device: str = "auto") -> None:
         from transformers import AutoTokenizer
 
-        from bridges.hardware import load_causal_lm, placement
+        from bridges.models.hardware import load_causal_lm, placement
 
         self.path = str(path)
         where = placement(device)
@@ -151,7 +151,7 @@ class LocalModel:
 
     def _batch_logprobs(self, model: Any, data: Sequence[TrainDatum]) -> torch.Tensor:
         """Each datum's target logprobs (right-padded rows), through the trainer's own chunked
-        computation (``bridges.token_logprobs``): never all B×T×V logits at once."""
+        computation (``bridges.models.token_logprobs``): never all B×T×V logits at once."""
         width = max(len(d.tokens) for d in data)
         ids_B_T = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
         targets_B_T = torch.zeros((len(data), width), dtype=torch.long, device=self.device)
@@ -216,7 +216,7 @@ class LocalModel:
         """Tinker's sampling parameters as decode rows (``stop``: strings or ids; ``[]`` turns EOS off)."""
         from bridges.adapters.hf.decode import RowRequest
         from bridges.adapters.hf.sampling import row_seed
-        from bridges.types import SamplingParams
+        from bridges.envs.types import SamplingParams
 
         stop = params.get("stop")
         stops = stop if isinstance(stop, list) else [stop] if stop else []

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from bridges.adapters.tinker.requests import check_adam, check_sample_request, json_body, plain_name
 from bridges.adapters.tinker.state import TinkerServerConfig, TinkerState, build_state
-from bridges.config import parse_config, run_cli
+from bridges.runs.config import parse_config, run_cli
 
 PROTOBUF = "application/x-protobuf"
 RETRIEVE_WAIT_S = 30.0  # under the SDK's 45 s poll timeout; it simply polls again
@@ -198,7 +198,7 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
 
 def serve_in_thread(config: TinkerServerConfig) -> Any:
     """Start the server on a background thread (``port=0``: a free port); returns the ``ServerThread``."""
-    from bridges.http_server import ServerThread, check_bind
+    from bridges.runtime.http_server import ServerThread, check_bind
 
     check_bind(config.host, config.api_key)
     app = create_app(build_state(config), config.api_key)
@@ -219,8 +219,8 @@ def start_local_server(model: str, root: str | Path, model_name: str | None = No
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from bridges.http_server import check_bind
-    from bridges.preflight import check_model, check_writable_folder
+    from bridges.runs.preflight import check_model, check_writable_folder
+    from bridges.runtime.http_server import check_bind
 
     config = parse_config(TinkerServerConfig, sys.argv[1:] if argv is None else argv)
     check_bind(config.host, config.api_key)

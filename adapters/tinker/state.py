@@ -24,8 +24,8 @@ import torch
 
 from bridges.adapters.tinker.local_model import LocalModel, LoraPolicy
 from bridges.adapters.tinker.requests import MAX_LORA_RANK, plain_name
-from bridges.config import option
-from bridges.state_files import (
+from bridges.runs.config import option
+from bridges.runtime.state_files import (
     flatten_optimizer,
     load_tensors,
     save_tensors,
@@ -281,7 +281,7 @@ class TinkerState:
 
 
 def build_state(config: TinkerServerConfig) -> TinkerState:
-    from bridges.tiny import resolve_model_path
+    from bridges.models.tiny import resolve_model_path
 
     return TinkerState(
         LocalModel(resolve_model_path(config.model), device=config.device),

@@ -29,7 +29,7 @@ def trl_trainer_kwargs(env: Environment | str, num_generations: int | None = Non
     """``train_dataset``, ``eval_dataset``, ``reward_funcs`` and, when needed, ``rollout_func`` for ``env``
     (an environment, or an id for ``bridges.load_environment``)."""
     if isinstance(env, str):
-        from bridges.registry import load_environment
+        from bridges.envs.registry import load_environment
 
         env = cast(Environment, load_environment(env))
     kwargs: dict[str, Any] = {

@@ -17,11 +17,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridges.backends import Backend
-from bridges.config import check_passthrough
-from bridges.errors import ConfigError, require_extra
-from bridges.launch import launched_size
-from bridges.train_config import TrainConfig, completion_budget, lora_config, shared_keys
+from bridges.adapters.trl.metrics_file import RowOf, metrics_callback
+from bridges.runs.backends import Backend
+from bridges.runs.config import check_passthrough
+from bridges.runs.metrics import renamed
+from bridges.runs.train_config import TrainConfig, completion_budget, lora_config, shared_keys
+from bridges.runtime.errors import ConfigError, require_extra
+from bridges.runtime.launch import launched_size
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
 TRL_METRIC_NAMES = {
@@ -53,7 +55,7 @@ def parse_options(section: dict[str, Any]) -> dict[str, Any]:
 
 def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str, Any]:
     """Shared keys -> ``GRPOConfig`` fields, then the ``trl.*`` pass-through on top."""
-    from bridges.hardware import placement
+    from bridges.models.hardware import placement
 
     t = config.trainer
     processes = max(t.num_processes, launched_size())
@@ -107,32 +109,23 @@ def build_grpo_config(kwargs: dict[str, Any]) -> Any:
 
 def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     """For ``dry_run=true``: the ``GRPOConfig`` fields this run would use, one per line."""
-    from bridges.registry import load_environment
+    from bridges.envs.registry import load_environment
 
     env = load_environment(config.env, **config.env_args)
     kwargs = grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name)
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def metrics_callback(logger: Any, rollouts_per_step: int, progress: Any = None) -> Any:
-    """A ``TrainerCallback`` that copies each training log line into ``metrics.jsonl`` as it happens
-    (with ``episodes/total``, the rollouts of the step, which TRL does not log) and shows the step on
-    ``progress`` (a ``StepProgress``), the view every backend shares."""
-    from transformers import TrainerCallback
+def grpo_metric_row(rollouts_per_step: int) -> RowOf:
+    """A GRPO training log line (the ones with a reward) as a ``metrics.jsonl`` row in the names every
+    backend shares, with ``episodes/total``, the rollouts of the step, which TRL does not log."""
 
-    from bridges.metrics import renamed
+    def row_of(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
+        if "reward" not in logs:
+            return None
+        return renamed({"step": step, "episodes/total": rollouts_per_step, **logs}, TRL_METRIC_NAMES)
 
-    class MetricsFile(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
-            if logs and "reward" in logs:
-                row = renamed({"step": state.global_step, "episodes/total": rollouts_per_step, **logs},
-                              TRL_METRIC_NAMES)  # fmt: skip
-                if logger is not None:
-                    logger.log(row)
-                if progress is not None:
-                    progress.report(row)
-
-    return MetricsFile()
+    return row_of
 
 
 def quiet_console(trainer: Any) -> None:
@@ -147,9 +140,9 @@ def quiet_console(trainer: Any) -> None:
 def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
-    from bridges.hardware import check_device
-    from bridges.preflight import check_lora_targets, check_model
-    from bridges.registry import load_environment
+    from bridges.envs.registry import load_environment
+    from bridges.models.hardware import check_device
+    from bridges.runs.preflight import check_lora_targets, check_model
 
     check_model(config.model)
     check_device(config.trainer.device, "trainer.device")
@@ -177,11 +170,11 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
 
     from bridges.adapters.trl import trl_trainer_kwargs
     from bridges.adapters.trl.checkpoints import resume_point
-    from bridges.hardware import load_causal_lm, placement
-    from bridges.launch import is_main_process
-    from bridges.metrics import MetricsLogger, StepProgress, finish_run
-    from bridges.registry import load_environment
-    from bridges.tiny import resolve_model_path
+    from bridges.envs.registry import load_environment
+    from bridges.models.hardware import load_causal_lm, placement
+    from bridges.models.tiny import resolve_model_path
+    from bridges.runs.metrics import MetricsLogger, StepProgress, finish_run
+    from bridges.runtime.launch import is_main_process
 
     env = load_environment(config.env, **config.env_args)
     run_dir = Path(config.output_dir) / config.resolved_run_name
@@ -200,7 +193,7 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         args=args,
         processing_class=tokenizer,
         peft_config=lora_config(t),
-        callbacks=[metrics_callback(logger, t.batch_size * t.group_size, progress)],
+        callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size), logger, progress)],
         **trl_trainer_kwargs(env, num_generations=t.group_size),
     )
     quiet_console(trainer)

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from bridges.envs.base import Environment
-from bridges.errors import ConfigError
-from bridges.messages import to_message_dicts
+from bridges.envs.messages import to_message_dicts
+from bridges.runtime.errors import ConfigError
 
 ROW_KEY = "bridges_row"
 _SPLITS = ("train", "eval")

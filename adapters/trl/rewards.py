@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridges.asyncutils import run_sync
 from bridges.envs.base import Environment
-from bridges.errors import ConfigError
-from bridges.types import State
+from bridges.envs.types import State
+from bridges.runtime.asyncutils import run_sync
+from bridges.runtime.errors import ConfigError
 
 SCORES_KEY = "bridges_scores"
 

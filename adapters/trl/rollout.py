@@ -31,9 +31,9 @@ from typing import Any
 
 from bridges.adapters.trl.dataset import RowIndex
 from bridges.adapters.trl.rewards import SCORES_KEY, state_scores
-from bridges.asyncutils import run_sync
 from bridges.envs.base import Environment
-from bridges.errors import ConfigError
+from bridges.runtime.asyncutils import run_sync
+from bridges.runtime.errors import ConfigError
 from bridges.workflows.rollouts import run_group
 from bridges.workflows.samples import PromptCompletion, prompt_completion
 

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridges.errors import require_extra
+from bridges.adapters.trl.metrics_file import metrics_callback
+from bridges.runtime.errors import require_extra
 
 
 def training_rows(data: str) -> Any:
@@ -28,24 +29,19 @@ def training_rows(data: str) -> Any:
     return dataset.map(labelled, remove_columns=dataset.column_names)
 
 
-def _metrics_callback(logger: Any) -> Any:
-    from transformers import TrainerCallback
-
-    class MetricsFile(TrainerCallback):
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any):
-            if logs and "loss" in logs:
-                row = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
-                       "grad_norm": logs.get("grad_norm"), "tokens/seen": logs.get("num_tokens")}  # fmt: skip
-                logger.log(row)
-
-    return MetricsFile()
+def sft_metric_row(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
+    """An SFT training log line (the ones with a loss) as a ``metrics.jsonl`` row."""
+    if "loss" not in logs:
+        return None
+    return {"step": step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
+            "grad_norm": logs.get("grad_norm"), "tokens/seen": logs.get("num_tokens")}  # fmt: skip
 
 
 def _sft_args(config: Any, run_dir: Path) -> Any:
     from trl import SFTConfig
 
-    from bridges.hardware import placement
-    from bridges.train_config import learning_rate
+    from bridges.models.hardware import placement
+    from bridges.runs.train_config import learning_rate
 
     t = config.trainer
     where = placement(t.device, t.dtype)  # the Trainer's mixed precision: fp32 weights, autocast forward
@@ -69,10 +65,10 @@ def run_sft(config: Any, run_dir: Path) -> int:
     from trl import SFTTrainer
 
     from bridges.adapters.trl.checkpoints import resume_point
-    from bridges.hardware import load_causal_lm, placement
-    from bridges.metrics import MetricsLogger, plot_curve
-    from bridges.tiny import resolve_model_path
-    from bridges.train_config import lora_config
+    from bridges.models.hardware import load_causal_lm, placement
+    from bridges.models.tiny import resolve_model_path
+    from bridges.runs.metrics import MetricsLogger, plot_curve
+    from bridges.runs.train_config import lora_config
 
     path = resolve_model_path(config.model)
     where = placement(config.trainer.device, config.trainer.dtype)
@@ -81,7 +77,7 @@ def run_sft(config: Any, run_dir: Path) -> int:
     logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
     trainer = SFTTrainer(model=model, args=_sft_args(config, run_dir), train_dataset=training_rows(config.data),
                          processing_class=tokenizer, peft_config=lora_config(config.trainer),
-                         callbacks=[_metrics_callback(logger)])  # fmt: skip
+                         callbacks=[metrics_callback(sft_metric_row, logger)])  # fmt: skip
     try:
         trainer.train(resume_from_checkpoint=resume)
     finally:

@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 from bridges.adapters.verifiers.support import SUPPORTED_RANGE, require_verifiers, version_tuple
-from bridges.errors import ConfigError
+from bridges.runtime.errors import ConfigError
 
 
 def is_verifiers_environment(obj: Any) -> bool:

@@ -19,8 +19,8 @@ from typing import Any
 from bridges.adapters.verifiers.presign import presign_hooks
 from bridges.adapters.verifiers.reward_guard import ERROR_KEY, guard
 from bridges.envs.base import Environment
-from bridges.messages import to_message_dicts
-from bridges.types import State, StopReason
+from bridges.envs.messages import to_message_dicts
+from bridges.envs.types import State, StopReason
 
 # verifiers' built-in stop conditions and the stop reasons they mean here; custom ones keep their name
 _STOP_REASONS = {

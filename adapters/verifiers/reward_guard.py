@@ -5,7 +5,7 @@ rollout enters the group baseline as a fake zero and the policy learns from an o
 wraps each function of a verifiers rubric before verifiers sees it. The wrapper keeps the function's
 name and parameters (verifiers reads both: the name for metrics, the parameters to find group
 functions and to pick its arguments), adds a ``**kwargs`` so verifiers hands it the rollout's
-``state`` (or the group's ``states``), and calls the function through ``bridges.usercode``, bounded.
+``state`` (or the group's ``states``), and calls the function through ``bridges.runtime.usercode``, bounded.
 A failure is written into the verifiers state under ``ERROR_KEY`` and re-raised for verifiers to
 log; ``VerifiersRubric`` then marks that rollout ``reward_error`` exactly as the native rubric does.
 """
@@ -17,9 +17,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from bridges.asyncutils import describe_exception
-from bridges.rubric import as_finite_reward
-from bridges.usercode import CallCost, UserCodeTimeout, call_user
+from bridges.envs.rubric import as_finite_reward
+from bridges.runtime.asyncutils import describe_exception
+from bridges.runtime.usercode import CallCost, UserCodeTimeout, call_user
 
 ERROR_KEY = "bridges_reward_error"
 _MARK = "__bridges_guarded__"
@@ -39,7 +39,7 @@ def guard(func: Callable[..., Any], timeout: float) -> Callable[..., Any]:
     params = signature.parameters
     takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     name = getattr(func, "__name__", type(func).__name__)
-    cost = CallCost()  # a cheap sync function stops paying the thread hop (see bridges.usercode)
+    cost = CallCost()  # a cheap sync function stops paying the thread hop (see bridges.runtime.usercode)
 
     @functools.wraps(func)
     async def guarded(**kwargs: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.errors import ConfigError, require_extra
+from bridges.runtime.errors import ConfigError, require_extra
 
 SUPPORTED_RANGE = ">=0.1.8,<0.4"
 

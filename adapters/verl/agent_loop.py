@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 from bridges.adapters.verl.dataset import row_from_kwargs
 from bridges.adapters.verl.engine import VerlServerEngine
 from bridges.adapters.verl.group_scoring import score_in_group
-from bridges.asyncutils import describe_exception
 from bridges.envs.base import Environment
-from bridges.errors import require_extra
-from bridges.types import State, StopReason
+from bridges.envs.types import State, StopReason
+from bridges.runtime.asyncutils import describe_exception
+from bridges.runtime.errors import require_extra
 from bridges.workflows.samples import prompt_completion
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ _ENVIRONMENTS: dict[str, Environment] = {}
 
 def cached_environment(env_id: str, env_args: dict[str, Any] | None) -> Environment:
     """One environment per (id, args) per worker process: verl builds a loop per trajectory."""
-    from bridges.registry import load_environment
+    from bridges.envs.registry import load_environment
 
     key = json.dumps([env_id, env_args or {}], sort_keys=True, default=str)
     if key not in _ENVIRONMENTS:

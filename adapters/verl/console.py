@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridges.metrics import StepProgress
+from bridges.runs.metrics import StepProgress
 
 CONSOLE_LOG = "verl/console.log"
 POLL_S = 0.5

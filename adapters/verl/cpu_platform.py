@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bridges.errors import require_extra
+from bridges.runtime.errors import require_extra
 
 if TYPE_CHECKING:
     from verl.plugin.platform.platform_base import PlatformBase

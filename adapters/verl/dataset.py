@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bridges.envs.base import Environment
-from bridges.errors import ConfigError
-from bridges.messages import to_message_dicts
+from bridges.envs.messages import to_message_dicts
+from bridges.runtime.errors import ConfigError
 
 ROW_FIELD = "bridges_row"
 

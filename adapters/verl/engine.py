@@ -18,8 +18,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from bridges.errors import UnsupportedRequestError
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.runtime.errors import UnsupportedRequestError
 
 
 class VerlServerEngine:

@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridges.types import State, StopReason
+from bridges.envs.types import State, StopReason
 
 GROUP_WAIT_S = 1800.0
 

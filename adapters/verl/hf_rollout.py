@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, cast
 
-from bridges.errors import require_extra
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
+from bridges.runtime.errors import require_extra
 
 if TYPE_CHECKING:
     from verl.workers.rollout.base import BaseRollout

@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bridges.backends import Backend
-from bridges.config import check_passthrough
-from bridges.errors import ConfigError, require_extra
-from bridges.train_config import TrainConfig, completion_budget, shared_keys
+from bridges.runs.backends import Backend
+from bridges.runs.config import check_passthrough
+from bridges.runs.train_config import TrainConfig, completion_budget, shared_keys
+from bridges.runtime.errors import ConfigError, require_extra
 
 AGENT_LOOP_TARGET = "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
 MICRO_BATCH_PER_GPU = (
@@ -164,7 +164,7 @@ def launch_env(gpus: int) -> dict[str, str]:
 def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> int:
     """After verl exits: metrics.jsonl under the shared names, the reward curve, the summary line."""
     from bridges.adapters.verl.run_files import fold_metrics
-    from bridges.metrics import finish_run
+    from bridges.runs.metrics import finish_run
 
     rows = fold_metrics(run_dir, resume_step)
     if code != 0:
@@ -238,8 +238,8 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, 
     from transformers import AutoTokenizer
 
     from bridges.adapters.verl.dataset import write_verl_parquet
-    from bridges.registry import load_environment
-    from bridges.tiny import resolve_model_path
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import resolve_model_path
 
     env = load_environment(config.env, **config.env_args)
     run_dir = Path(config.output_dir).resolve() / config.resolved_run_name
@@ -307,7 +307,7 @@ def parse_options(section: dict[str, Any]) -> dict[str, Any]:
 
 def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=verl's checks before anything is written or launched."""
-    from bridges.preflight import check_model
+    from bridges.runs.preflight import check_model
 
     check_model(config.model)
     gpus = visible_gpus(config)
@@ -347,7 +347,7 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("verl", "verl", "backend=verl")
     from bridges.adapters.verl.console import run_verl
     from bridges.adapters.verl.run_files import NATIVE_METRICS, cut_back
-    from bridges.metrics import StepProgress
+    from bridges.runs.metrics import StepProgress
 
     command, files, env = prepare(config)
     run_dir = files["run_dir"]

@@ -20,7 +20,7 @@ import importlib.util
 import logging
 import os
 
-from bridges.errors import require_extra
+from bridges.runtime.errors import require_extra
 
 CPU_FLAG = "BRIDGES_VERL_CPU"
 

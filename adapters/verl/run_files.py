@@ -18,11 +18,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bridges.metrics import read_metric_rows
+from bridges.runs.metrics import read_metric_rows
 from bridges.workflows.traces import TraceWriter, read_traces
 
 NATIVE_METRICS = "verl/native_metrics.jsonl"
-# verl's metric names -> the shared ones (bridges.metrics.SHARED_METRICS); rewards come from the traces
+# verl's metric names -> the shared ones (bridges.runs.metrics.SHARED_METRICS); rewards come from the traces
 VERL_METRIC_NAMES = {
     "actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/lr": "lr",
     "response_length/mean": "tokens/completion_mean", "timing_s/step": "timing/step_s",
@@ -61,8 +61,8 @@ def cut_back(run_dir: Path, resume: bool) -> int:
 
 
 def _trainable(line: dict[str, Any]) -> bool:
-    """``bridges.types.is_trainable`` for a trace line: the one rule every backend applies."""
-    from bridges.types import is_trainable
+    """``bridges.envs.types.is_trainable`` for a trace line: the one rule every backend applies."""
+    from bridges.envs.types import is_trainable
 
     tokens = any(turn.get("completion_ids") for turn in line.get("turns") or [])
     return is_trainable(line.get("error"), line.get("stop_reason"), line.get("reward"), tokens)
@@ -93,7 +93,7 @@ def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
 def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
     """``metrics.jsonl``: the rows up to ``resume_step`` kept, then one row per step verl logged in
     this launch (its native names mapped, the reward figures from the traces). Returns every row."""
-    from bridges.metrics import renamed
+    from bridges.runs.metrics import renamed
 
     path = run_dir / "metrics.jsonl"
     rows = [r for r in read_metric_rows(path) if r.get("step", 0) <= resume_step]

@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 from bridges.adapters.vllm.engine import samples_from_output, sampling_kwargs
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
 
 
 def _vllm_inputs(prompts: list[list[int]], params: list[tuple[SamplingParams, int]]) -> tuple[list, list]:

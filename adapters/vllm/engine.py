@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bridges.errors import require_extra
-from bridges.types import FinishReason, Sample, SamplingParams
+from bridges.envs.types import FinishReason, Sample, SamplingParams
+from bridges.runtime.errors import require_extra
 
 
 def engine_arguments(path: str, lora_rank: int, user: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +108,7 @@ class VLLMEngine:
         vllm = require_extra("vllm", "vllm", "the vLLM engine")
         from transformers import AutoTokenizer
 
-        from bridges.tiny import resolve_model_path
+        from bridges.models.tiny import resolve_model_path
 
         path = resolve_model_path(model)
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.errors import EngineError
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.runtime.errors import EngineError
 
 
 def completion_body(model: str, prompt_ids: list[int], params: SamplingParams, n: int) -> dict[str, Any]:

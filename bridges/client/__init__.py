@@ -2,12 +2,16 @@
 
 Names are imported lazily so that ``bridges.client.tool_calls`` (pure Python) can be used without
 loading the openai SDK and the tokenizer stack.
+
+May import: ``bridges.runtime``, ``bridges.envs`` (records and messages), ``bridges.models``. Must not
+import runs, backends or applications: an engine is handed to the client, never looked up by it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bridges.runtime.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "EngineClient": "bridges.client.engine_client",
@@ -23,15 +27,8 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports("bridges.client", _EXPORTS, globals())
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'bridges.client' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

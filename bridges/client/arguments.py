@@ -21,7 +21,7 @@ from openai.resources.chat.completions import AsyncCompletions as _SDKChatComple
 from openai.resources.completions import AsyncCompletions as _SDKCompletions
 
 from bridges.client.api_errors import bad_request
-from bridges.types import MAX_TOP_LOGPROBS, SamplingParams
+from bridges.envs.types import MAX_TOP_LOGPROBS, SamplingParams
 
 CHAT_PATH = "/chat/completions"
 COMPLETIONS_PATH = "/completions"

@@ -67,10 +67,10 @@ from bridges.client.responses import (
     validate_with_ids,
 )
 from bridges.client.streaming import sse_body, stream_chunks
-from bridges.deadlines import Deadline
-from bridges.errors import BridgesError, EngineTimeoutError, PromptTooLongError
-from bridges.messages import to_message_dict
-from bridges.types import Engine, Sample, SamplingParams
+from bridges.envs.messages import to_message_dict
+from bridges.envs.types import Engine, Sample, SamplingParams
+from bridges.runtime.deadlines import Deadline
+from bridges.runtime.errors import BridgesError, EngineTimeoutError, PromptTooLongError
 
 _BASE_URL = "http://engine-client.invalid/v1"
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bridges.messages import read_field
+from bridges.envs.messages import read_field
 
 _HASH_SEED = "rl-bridges-ledger-v1"
 

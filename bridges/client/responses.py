@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from bridges.client.tool_calls import ParsedReply, ParsedToolCall, tool_call_id
-from bridges.types import Sample
+from bridges.envs.types import Sample
 
 
 def reply_text(

@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from bridges.types import Sample
+from bridges.envs.types import Sample
 
 STREAM_TOP_LEVEL_EXTRAS = ("prompt_token_ids", "weight_version", "drift_tokens", "drifted_turns")
 DONE = b"data: [DONE]\n\n"

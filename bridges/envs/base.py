@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridges.asyncutils import LoopSemaphore, maybe_await, run_sync
-from bridges.errors import ConfigError
-from bridges.gc_policy import relaxed_gc
-from bridges.messages import to_message_dicts
-from bridges.parsers import Parser
-from bridges.rubric import Rubric, as_finite_reward
-from bridges.types import Messages, State, StopReason
+from bridges.envs.messages import to_message_dicts
+from bridges.envs.parsers import Parser
+from bridges.envs.rubric import Rubric, as_finite_reward
+from bridges.envs.types import Messages, State, StopReason
+from bridges.runtime.asyncutils import LoopSemaphore, maybe_await, run_sync
+from bridges.runtime.errors import ConfigError
+from bridges.runtime.gc_policy import relaxed_gc
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -83,6 +83,42 @@ def build_prompt(
     return messages
 
 
+def prompt_problem(prompt: Any) -> str | None:
+    """What is wrong with one row's ``prompt`` value (None when it is a string or a list of chat messages)."""
+    if isinstance(prompt, str):
+        return None
+    if not isinstance(prompt, (list, tuple)):
+        return f"it is {type(prompt).__name__} {prompt!r:.80}"
+    try:
+        messages = to_message_dicts(prompt)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return str(exc).rstrip(".")
+    for index, message in enumerate(messages):  # a column of messages reads a missing role as None
+        if not isinstance(message.get("role"), str) or not message["role"]:
+            return f"message {index} has no 'role' ({message!r:.80})"
+    return None
+
+
+def check_prompts(dataset: Any, where: str) -> None:
+    """Refuse, before any rollout starts, a row whose prompt is neither a string nor a list of chat
+    messages, naming the row and the column: found mid-run, such a row would end a run that has
+    already spent its time, with a traceback from deep inside the rollout."""
+    if "prompt" not in dataset.column_names:  # question-only rows get their prompt from build_prompt
+        return
+    questions = dataset["question"] if "question" in dataset.column_names else None
+    for index, prompt in enumerate(dataset["prompt"]):
+        if prompt is None:  # build_prompt falls back to the row's question
+            has_question = questions is not None and questions[index] is not None
+            problem = None if has_question else "it is empty and the row has no 'question'"
+        else:
+            problem = prompt_problem(prompt)
+        if problem is not None:
+            raise ConfigError(
+                f"row {index} of {where}, column 'prompt': {problem}; a prompt is a string or a list of chat "
+                "messages ({'role': ..., 'content': ...})."
+            )
+
+
 @dataclass
 class GenerateResult:
     """The states of a ``generate``/``evaluate`` run, in row order, with export and summary helpers."""
@@ -94,7 +130,7 @@ class GenerateResult:
     sampling_args: dict[str, Any] = field(default_factory=dict)
 
     def to_records(self) -> list[dict[str, Any]]:
-        from bridges.results import state_to_record
+        from bridges.envs.results import state_to_record
 
         return [state_to_record(s) for s in self.states]
 
@@ -436,7 +472,7 @@ class Environment:
                     bar.set_postfix(reward=f"{sum(valid) / len(valid):.3f}", refresh=False)
 
         tasks = [asyncio.ensure_future(one(i, row)) for i, row in enumerate(row_list)]
-        with relaxed_gc():  # thousands of live rollouts: see bridges/gc_policy.py
+        with relaxed_gc():  # thousands of live rollouts: see bridges/runtime/gc_policy.py
             try:
                 await asyncio.gather(*tasks)
             finally:

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from bridges.asyncutils import backoff_delay, describe_exception, maybe_await
-from bridges.deadlines import Deadline
 from bridges.envs.base import Environment
-from bridges.errors import PromptTooLongError
-from bridges.messages import read_field, to_message_dict, to_message_dicts
-from bridges.types import Messages, State, StopReason, Turn
-from bridges.usercode import call_user
+from bridges.envs.messages import read_field, to_message_dict, to_message_dicts
+from bridges.envs.types import Messages, State, StopReason, Turn
+from bridges.runtime.asyncutils import backoff_delay, describe_exception, maybe_await
+from bridges.runtime.deadlines import Deadline
+from bridges.runtime.errors import PromptTooLongError
+from bridges.runtime.usercode import call_user
 
 F = TypeVar("F", bound=Callable[..., Any])
 _STOP_ATTR = "__bridges_stop__"

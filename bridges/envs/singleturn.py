@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges.envs.multiturn import MultiTurnEnv, stop
-from bridges.types import Messages, State, StopReason
+from bridges.envs.types import Messages, State, StopReason
 
 
 class SingleTurnEnv(MultiTurnEnv):

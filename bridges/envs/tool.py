@@ -13,12 +13,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridges.asyncutils import describe_exception
 from bridges.envs.multiturn import MultiTurnEnv, stop
 from bridges.envs.tool_schema import tool_schema
-from bridges.errors import ConfigError
-from bridges.types import Messages, State, StopReason
-from bridges.usercode import UserCodeTimeout, call_user
+from bridges.envs.types import Messages, State, StopReason
+from bridges.runtime.asyncutils import describe_exception
+from bridges.runtime.errors import ConfigError
+from bridges.runtime.usercode import UserCodeTimeout, call_user
 
 
 def _result_text(result: Any) -> str:

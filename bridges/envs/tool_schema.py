@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from bridges.errors import ConfigError
+from bridges.runtime.errors import ConfigError
 
 _SIMPLE: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean"}
 _SECTION_RE = re.compile(

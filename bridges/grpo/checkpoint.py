@@ -2,7 +2,7 @@
 
 A checkpoint holds everything the next step depends on: weights (or the LoRA adapter), optimizer
 and scheduler state, the step, the data position and every RNG. Tensors are safetensors and the
-rest JSON (``bridges.state_files``): a checkpoint folder someone hands you cannot execute anything
+rest JSON (``bridges.runtime.state_files``): a checkpoint folder someone hands you cannot execute anything
 when resumed. It is written to a staging folder with a manifest (sizes, sha256) written last, then
 renamed into place; resume verifies the manifest and falls back to the newest intact checkpoint,
 so a save cut by a crash or a full disk costs the steps since the one before, not the run.
@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from bridges.errors import ConfigError
 from bridges.grpo.parallel import (
     ONE_PROCESS,
     World,
@@ -38,7 +37,8 @@ from bridges.grpo.parallel import (
 )
 from bridges.grpo.policy import trainable_names
 from bridges.grpo.precision import MasterWeights
-from bridges.state_files import (
+from bridges.runtime.errors import ConfigError
+from bridges.runtime.state_files import (
     flatten_optimizer,
     load_tensors,
     rng_state,
@@ -187,7 +187,7 @@ def resume_latest_intact(
 ) -> tuple[RunPosition, Path] | None:
     """Load the newest checkpoint that verifies and loads, saying which damaged ones were skipped;
     None when there is no checkpoint at all. Every checkpoint damaged is one sentence (ConfigError)."""
-    from bridges.asyncutils import describe_exception
+    from bridges.runtime.asyncutils import describe_exception
 
     if not list_checkpoints(directory):
         return None

@@ -103,9 +103,9 @@ def sequence_logprobs(
 
     Logits are divided by the sampling temperature so the ratio compares the same distribution the
     engine sampled from (the engine reports temperature-scaled logprobs). The vocabulary projection runs
-    in chunks (``bridges.token_logprobs``) unless ``chunked`` is false.
+    in chunks (``bridges.models.token_logprobs``) unless ``chunked`` is false.
     """
-    from bridges.token_logprobs import token_logprobs
+    from bridges.models.token_logprobs import token_logprobs
 
     targets_B_L = torch.roll(input_ids_B_L, -1, dims=1)
     if wanted_B_T is None:

@@ -3,7 +3,7 @@ metrics cross between them.
 
 A process learns its place from the variables every launcher sets — ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` — whether ``bridges.train trainer.num_processes=N``
-(``bridges.launch``), ``torchrun`` or ``accelerate launch`` started it; the process group is NCCL on
+(``bridges.runtime.launch``), ``torchrun`` or ``accelerate launch`` started it; the process group is NCCL on
 GPUs and gloo on the CPU. Two strategies (``trainer.strategy``):
 - ``ddp``: every process holds the whole model; after the step's backward passes the gradients are
   summed across processes in fp32 (one all-reduce per bucket). A step's loss is normalised by the

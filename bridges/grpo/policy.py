@@ -2,7 +2,7 @@
 
 Shared by the trainer and the rollout child process (``rollout_process``), which builds its own
 copy of the policy: keeping it here lets both import it without importing each other. Both load
-through ``bridges.hardware.load_causal_lm``, so the engine samples in the dtype the policy computes
+through ``bridges.models.hardware.load_causal_lm``, so the engine samples in the dtype the policy computes
 in (``trainer.dtype``) and the first importance ratio of a run is 1.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from bridges.engines import engine_class
-from bridges.hardware import Placement, load_causal_lm
-from bridges.train_config import TrainConfig, lora_config
-from bridges.types import TrainableEngine
+from bridges.envs.types import TrainableEngine
+from bridges.models.hardware import Placement, load_causal_lm
+from bridges.runs.engines import engine_class
+from bridges.runs.train_config import TrainConfig, lora_config
 
 
 def load_policy(config: TrainConfig, where: Placement) -> tuple[torch.nn.Module, Any]:
@@ -23,7 +23,7 @@ def load_policy(config: TrainConfig, where: Placement) -> tuple[torch.nn.Module,
     tokenizer; activation checkpointing if ``trainer.gradient_checkpointing``."""
     from transformers import AutoTokenizer
 
-    from bridges.tiny import resolve_model_path
+    from bridges.models.tiny import resolve_model_path
 
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -34,7 +34,7 @@ def load_policy(config: TrainConfig, where: Placement) -> tuple[torch.nn.Module,
     policy.config.use_cache = False  # the training forward runs over whole sequences
     lora = lora_config(config.trainer)
     if lora is not None:
-        from bridges.errors import require_extra
+        from bridges.runtime.errors import require_extra
 
         policy = require_extra("peft", "trl", "LoRA training").get_peft_model(policy, lora)
     return policy, tokenizer

@@ -6,7 +6,7 @@ same numbers, and the first importance ratio of a run is 1 up to kernel differen
 never sees them: ``MasterWeights`` keeps an fp32 copy of every trainable half parameter, the
 gradients are moved onto those copies (in fp32) after the backward, AdamW steps them with fp32
 moments, and the result is rounded back into the model. Logprobs and the loss are always computed in
-fp32 (``bridges.token_logprobs``). fp16's narrow range also needs loss scaling: ``scaler`` is a
+fp32 (``bridges.models.token_logprobs``). fp16's narrow range also needs loss scaling: ``scaler`` is a
 dynamic ``GradScaler`` for fp16 and a no-op otherwise.
 
 Parameters that are already fp32 (every one at ``dtype=fp32``; peft's LoRA matrices, which it keeps in

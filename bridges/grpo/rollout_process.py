@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bridges.errors import EngineError
+from bridges.runtime.errors import EngineError
 
 
 def _worker_main(conn: Any, config: Any, where: Any, shared: dict[str, torch.Tensor], lock: Any) -> None:
@@ -31,8 +31,8 @@ def _worker_main(conn: Any, config: Any, where: Any, shared: dict[str, torch.Ten
         torch.set_num_threads(1)
         from bridges.adapters.hf import HFEngine
         from bridges.client import EngineClient
+        from bridges.envs.registry import load_environment
         from bridges.grpo.policy import load_policy
-        from bridges.registry import load_environment
         from bridges.workflows.rollouts import run_groups
 
         t = config.trainer

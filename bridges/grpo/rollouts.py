@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
+from bridges.envs.types import TrainableEngine
 from bridges.grpo.policy import sync_weights
-from bridges.types import TrainableEngine
 from bridges.workflows.advantages import AdvantageMethod
 from bridges.workflows.types import Group
 

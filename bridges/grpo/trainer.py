@@ -14,7 +14,7 @@ Included
   training on step k, so samples are up to ``num_batches_ahead`` weight versions old.
 - Optional KL to a frozen reference model (``beta``, k3 estimator), gradient accumulation, max grad
   norm, linear warmup, full fine-tuning or peft LoRA.
-- Where it runs (``bridges.hardware``): ``trainer.device`` (auto = CUDA when visible) for the policy,
+- Where it runs (``bridges.models.hardware``): ``trainer.device`` (auto = CUDA when visible) for the policy,
   the reference model, the optimizer state, every batch tensor and the hf engine.
 - Precision (``trainer.dtype``, auto = bf16 on a CUDA device that has it, fp32 on a CPU): the model
   computes in that dtype and the engine samples from the same half weights, so the first importance
@@ -22,7 +22,7 @@ Included
   loss are fp32; fp16 adds dynamic loss scaling. On the CPU the first step's logprobs are within
   1e-2 of fp32's, its loss within 1e-3 and its gradient norm within 1%
   (``tests/grpo/test_precision_and_resume.py``).
-- Memory: the sampled ids' logprobs never hold all B×T×V logits (``bridges.token_logprobs``: the
+- Memory: the sampled ids' logprobs never hold all B×T×V logits (``bridges.models.token_logprobs``: the
   vocabulary projection in chunks of ``trainer.logprob_chunk_tokens`` loss positions, recomputed in the
   backward), ``trainer.gradient_checkpointing``, sdpa attention (flash-attention 2 on CUDA when
   installed), AdamW one tensor at a time.
@@ -61,7 +61,6 @@ from typing import Any
 
 import torch
 
-from bridges.backends import Backend
 from bridges.grpo.batching import collate, padding_sample
 from bridges.grpo.checkpoint import resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, LossOutput, policy_loss, sequence_logprobs
@@ -83,9 +82,10 @@ from bridges.grpo.parallel import stop as stop_processes
 from bridges.grpo.policy import load_policy, make_engine, trainable_names
 from bridges.grpo.precision import MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
-from bridges.hardware import Placement, placement
-from bridges.token_logprobs import chunked_matches_plain
-from bridges.train_config import TrainConfig, rollout_sampling_args, shared_keys
+from bridges.models.hardware import Placement, placement
+from bridges.models.token_logprobs import chunked_matches_plain
+from bridges.runs.backends import Backend
+from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
 from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
 from bridges.workflows.types import Group, TrainingSample
@@ -97,16 +97,16 @@ from bridges.workflows.types import Group, TrainingSample
 def validate(config: TrainConfig, options: None = None) -> None:
     """backend=grpo's own checks, before any model loads: the model, the engine, and a resume that
     matches how the checkpoint was trained (full weights or a LoRA adapter)."""
-    from bridges.errors import ConfigError, require_extra
     from bridges.grpo.checkpoint import (
         check_strategy,
         intact_checkpoints,
         is_adapter_checkpoint,
         no_intact_checkpoint,
     )
-    from bridges.hardware import check_device
-    from bridges.launch import accelerate_settings, launched_size
-    from bridges.preflight import check_lora_targets, check_model
+    from bridges.models.hardware import check_device
+    from bridges.runs.preflight import check_lora_targets, check_model
+    from bridges.runtime.errors import ConfigError, require_extra
+    from bridges.runtime.launch import accelerate_settings, launched_size
 
     t = config.trainer
     check_model(config.model)
@@ -262,7 +262,7 @@ class _Run:
 def _prepare(config: TrainConfig) -> _Run:
     """Seeds, environment, device and precision, the step context, resumed from the newest intact
     checkpoint."""
-    from bridges.registry import load_environment
+    from bridges.envs.registry import load_environment
 
     t = config.trainer
     dtype, strategy = hardware_settings(config)
@@ -286,7 +286,7 @@ def _prepare(config: TrainConfig) -> _Run:
 def hardware_settings(config: TrainConfig) -> tuple[str, str]:
     """``trainer.dtype`` and ``trainer.strategy``, or, left at their defaults under ``accelerate launch``,
     what its config file says (``examples/accelerate/``)."""
-    from bridges.launch import accelerate_settings
+    from bridges.runtime.launch import accelerate_settings
 
     t, launcher = config.trainer, accelerate_settings()
     dtype = launcher.get("dtype", t.dtype) if t.dtype == "auto" else t.dtype

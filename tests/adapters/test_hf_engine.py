@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bridges.adapters.hf import HFEngine, InvalidRequestError
-from bridges.errors import BridgesError, EngineError, PromptTooLongError
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
+from bridges.runtime.errors import BridgesError, EngineError, PromptTooLongError
 
 
 def recompute_logprobs(

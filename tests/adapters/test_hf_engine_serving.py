@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bridges.adapters.hf import HFEngine
-from bridges.errors import EngineError
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
+from bridges.runtime.errors import EngineError
 
 BOOSTS = {"A": 4.0, "B": 3.0, "C": 2.0}  # a peaked first-token distribution whose shape depends on T
 

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tinker_sessions import open_tinker_sessions
 
 from bridges.adapters.tinker.server import TinkerServerConfig, serve_in_thread
+from bridges.adapters.tinker.session import open_service
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,10 @@ def server(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def service(server: Any) -> Any:
-    import tinker
+    from bridges.adapters.tinker.session import open_service
 
-    return tinker.ServiceClient()
+    with open_service(None) as client:  # base_url from TINKER_BASE_URL, set by the server fixture
+        yield client
 
 
 def peft_copy(tiny_path: Path, state: dict[str, Any]) -> Any:
@@ -203,7 +206,6 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
     tool_model_path: Path, tmp_path: Path
 ):
     import bridges_test_trl_envs as envs
-    import tinker
     from transformers import AutoTokenizer
 
     from bridges.adapters.tinker.datums import sample_to_datum
@@ -217,12 +219,13 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
     )
     try:
         tokenizer = AutoTokenizer.from_pretrained(tool_model_path)
-        sampler = tinker.ServiceClient(base_url=thread.url).create_sampling_client(base_model="tool")
-        env = envs.add_tool()
-        client = EngineClient(TinkerEngine(sampler, tokenizer), model_name="tool")
-        group = asyncio.run(
-            run_group(env, dict(env.get_dataset()[0]), client, 2, {"temperature": 0.0}, model="tool")
-        )
+        with open_service(thread.url) as service:
+            sampler = service.create_sampling_client(base_model="tool")
+            env = envs.add_tool()
+            client = EngineClient(TinkerEngine(sampler, tokenizer), model_name="tool")
+            group = asyncio.run(
+                run_group(env, dict(env.get_dataset()[0]), client, 2, {"temperature": 0.0}, model="tool")
+            )
     finally:
         thread.close()
     bridge = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -246,9 +249,9 @@ def test_tool_env_through_the_tinker_engine_masks_tool_tokens_in_datums(
 
 def test_refusals_are_one_sentence(monkeypatch: pytest.MonkeyPatch):
     from bridges.adapters.tinker.backend import BACKEND
-    from bridges.config import parse_config
-    from bridges.errors import ConfigError
-    from bridges.train_config import TrainConfig
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
+    from bridges.runtime.errors import ConfigError
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     cases = [
@@ -278,6 +281,7 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
         "trainer.batch_size=8", "trainer.group_size=8", "trainer.learning_rate=1e-2", "run_name=tinker",
         "trainer.num_batches_ahead=0",  # on-policy: at lr 1e-2 a batch sampled one step behind learns far less
     ]  # fmt: skip
+    sessions_before = open_tinker_sessions()  # the module's own service fixture holds one open
     assert main([*common, "trainer.max_steps=20", "save_every=10"]) == 0
     run_dir = tmp_path / "tinker"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -292,6 +296,7 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
     assert main([*common, "trainer.max_steps=22", "resume=true"]) == 0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 23))
+    assert open_tinker_sessions() == sessions_before  # each run finished its session: no heartbeat outlives it
 
 
 def test_the_server_requires_its_api_key_when_one_is_set_and_refuses_an_open_bind(
@@ -300,7 +305,7 @@ def test_the_server_requires_its_api_key_when_one_is_set_and_refuses_an_open_bin
     import httpx
     import tinker
 
-    from bridges.errors import ConfigError
+    from bridges.runtime.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match="refusing to serve on non-loopback host '0.0.0.0' without an api_key"
@@ -318,9 +323,8 @@ def test_the_server_requires_its_api_key_when_one_is_set_and_refuses_an_open_bin
             f"{thread.url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-secret"}, timeout=10
         )
         assert allowed.status_code == 200 and allowed.json()["session_id"]
-        sampler = tinker.ServiceClient(base_url=thread.url, api_key="tml-secret").create_sampling_client(
-            base_model="tiny"
-        )
-        assert sampler.compute_logprobs(tinker.types.ModelInput.from_ints([1, 2, 3])).result()[0] is None
+        with open_service(thread.url, api_key="tml-secret") as service:
+            sampler = service.create_sampling_client(base_model="tiny")
+            assert sampler.compute_logprobs(tinker.types.ModelInput.from_ints([1, 2, 3])).result()[0] is None
     finally:
         thread.close()

@@ -20,8 +20,8 @@ from bridges.adapters.trl import (
     trl_rollout_func,
     trl_trainer_kwargs,
 )
-from bridges.errors import ConfigError
-from bridges.registry import load_environment
+from bridges.envs.registry import load_environment
+from bridges.runtime.errors import ConfigError
 
 GENERATIONS = 4
 
@@ -205,7 +205,7 @@ def test_backend_trl_reward_rises_on_the_toy_env(tmp_path: Path):
 
 @pytest.mark.slow
 def test_backend_trl_on_two_processes_writes_its_run_files_once(tmp_path):
-    """accelerate's data parallelism under bridges.launch; the first process alone claims the folder and
+    """accelerate's data parallelism under bridges.runtime.launch; the first process alone claims the folder and
     writes metrics.jsonl (every process used to, each line twice)."""
     import json
     import subprocess

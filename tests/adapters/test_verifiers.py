@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bridges.registry import load_environment
+from bridges.envs.registry import load_environment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -110,7 +110,7 @@ def test_a_bare_module_returning_a_verifiers_env_is_wrapped():
 def test_a_verifiers_version_outside_the_range_is_one_sentence(monkeypatch: pytest.MonkeyPatch):
     import verifiers
 
-    from bridges.errors import ConfigError
+    from bridges.runtime.errors import ConfigError
 
     monkeypatch.setattr(verifiers, "__version__", "0.4.0")
     with pytest.raises(ConfigError, match=r"need 0\.1\.8-0\.3\.x") as info:
@@ -120,9 +120,9 @@ def test_a_verifiers_version_outside_the_range_is_one_sentence(monkeypatch: pyte
 
 @pytest.mark.slow
 def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
-    from bridges.config import parse_config
     from bridges.grpo.trainer import run
-    from bridges.train_config import TrainConfig
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
 
     config = parse_config(
         TrainConfig,

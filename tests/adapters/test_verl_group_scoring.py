@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bridges.adapters.verl.group_scoring import score_in_group
-from bridges.types import State
+from bridges.envs.types import State
 
 
 class GroupEnv:
@@ -67,9 +67,9 @@ def test_the_launcher_refuses_worker_counts_that_would_split_a_group(
     argv: list[str], message: str, tmp_path: Any
 ):
     from bridges.adapters.verl.launch import BACKEND
-    from bridges.config import parse_config
-    from bridges.errors import ConfigError
-    from bridges.train_config import TrainConfig
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
+    from bridges.runtime.errors import ConfigError
 
     config = parse_config(TrainConfig, ["backend=verl", *argv, f"output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=message):

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bridges.adapters.verl.launch import prepare
-from bridges.config import parse_config
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
 
 
 def composed(

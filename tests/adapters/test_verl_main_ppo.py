@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridges.metrics import SHARED_METRICS
+from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
 
 SMALL = ["backend=verl", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8", "save_every=1",

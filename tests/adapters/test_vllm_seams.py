@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from bridges.adapters.vllm import samples_from_output, sampling_kwargs
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
 
 
 def test_sampling_params_map_onto_vllm_arguments():
@@ -55,7 +55,7 @@ def test_module_imports_without_vllm_and_engine_names_the_extra():
     code = "import bridges.adapters.vllm, sys; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     from bridges.adapters.vllm import VLLMEngine
-    from bridges.errors import MissingExtraError
+    from bridges.runtime.errors import MissingExtraError
 
     with pytest.raises(MissingExtraError, match=r"pip install 'rl-bridges\[vllm\]'"):
         VLLMEngine.from_pretrained("tiny")
@@ -78,7 +78,7 @@ def test_top_logprobs_ask_vllm_for_alternatives_and_keep_the_best_k():
 def test_engines_without_alternatives_refuse_top_logprobs_in_one_sentence():
     from bridges.adapters.tinker.engine import tinker_sampling_params
     from bridges.adapters.verl.engine import VerlServerEngine
-    from bridges.errors import UnsupportedRequestError
+    from bridges.runtime.errors import UnsupportedRequestError
 
     with pytest.raises(
         UnsupportedRequestError, match="^the Tinker engine returns only the sampled token's logprob"
@@ -106,10 +106,10 @@ def async_engine_args_fields() -> set[str]:
 def test_every_argument_our_engines_hand_vllm_is_an_engine_args_field(monkeypatch: pytest.MonkeyPatch):
     """bridges.serve once passed device= through to AsyncEngineArgs, which has no such field."""
     from bridges.adapters.vllm.engine import VLLMEngine, engine_arguments
-    from bridges.config import parse_config
-    from bridges.hardware import placement
-    from bridges.serve import ServeConfig, engine_options
-    from bridges.train_config import TrainConfig
+    from bridges.models.hardware import placement
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
+    from bridges.server.run import ServeConfig, engine_options
 
     fields = async_engine_args_fields()
     assert {"model", "dtype", "enable_lora", "gpu_memory_utilization"} <= fields and "device" not in fields

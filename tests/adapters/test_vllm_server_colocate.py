@@ -17,15 +17,15 @@ import pytest
 
 from bridges.adapters.vllm.colocate import VLLMColocateEngine
 from bridges.adapters.vllm.server import VLLMServerEngine, completion_body
-from bridges.errors import EngineError
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
+from bridges.runtime.errors import EngineError
 
 
 @pytest.fixture(scope="module")
 def served(tiny_path: Path) -> Any:
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
-    from bridges.serve import serve_in_thread
+    from bridges.server.app import serve_in_thread
 
     engine = HFEngine.from_pretrained(str(tiny_path))
     server = serve_in_thread(EngineClient(engine, model_name="tiny"))

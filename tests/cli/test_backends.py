@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from bridges.backends import BUILTIN_BACKENDS, Backend, resolve_backend
-from bridges.config import run_cli
+from bridges.runs.backends import BUILTIN_BACKENDS, Backend, resolve_backend
+from bridges.runs.config import run_cli
+from bridges.runs.train_config import shared_keys
 from bridges.train import main
-from bridges.train_config import shared_keys
 
 
 def test_every_builtin_backend_declares_itself():
@@ -60,9 +60,9 @@ def test_a_new_verl_key_is_passed_with_plus(tmp_path: Path, capsys: pytest.Captu
 
 PLUGIN = """
 import dataclasses
-from bridges.backends import Backend, typed_options
-from bridges.config import option
-from bridges.train_config import shared_keys
+from bridges.runs.backends import Backend, typed_options
+from bridges.runs.config import option
+from bridges.runs.train_config import shared_keys
 
 SEEN = []
 
@@ -109,7 +109,7 @@ def test_an_installed_backend_gets_its_own_typed_section(
         ["backend=mine", "trainer.beta=0.1", out], capsys
     )
     err = refusal(["backend=broken", out], capsys)
-    assert "backend 'broken' (mine_backend:NOT_A_BACKEND) does not name a bridges.backends.Backend" in err
+    assert "backend 'broken' (mine_backend:NOT_A_BACKEND) does not name a bridges.runs.backends.Backend" in err
     err = refusal(["backend=gone", out], capsys)
     assert "backend 'gone' (removed_package.backend:BACKEND) cannot be imported: No module named" in err
     assert len(plugin.SEEN) == 1  # nothing refused ever ran

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridges.compare import main
-from bridges.compare_report import paired_bootstrap, verdict
-from bridges.config import run_cli
+from bridges.jobs.compare_report import paired_bootstrap, verdict
+from bridges.runs.config import run_cli
 
 ENVS = Path(__file__).parent / "envs"
 
@@ -85,7 +85,7 @@ def test_finished_runs_add_their_reward_curves(tmp_path: Path):
 
 
 def test_curves_are_drawn_against_samples_seen_when_every_run_logs_them(tmp_path: Path):
-    from bridges.compare import read_curves
+    from bridges.jobs.compare import read_curves
 
     for name, per_step in (("small", 4), ("large", 16)):
         run = tmp_path / name

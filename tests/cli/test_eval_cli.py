@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
 from bridges.eval import main
+from bridges.runs.config import run_cli
 
 
 def rows(output: Path) -> list[dict]:
@@ -129,7 +129,7 @@ def test_done_when_command_in_a_subprocess(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_default_output_names_env_and_model() -> None:
-    from bridges.eval import default_output
+    from bridges.jobs.evaluate import default_output
 
     assert default_output("reverse_text", "tiny") == Path("outputs/reverse_text--tiny")
     assert default_output("arithmetic", "Qwen/Qwen3-0.6B") == Path("outputs/arithmetic--Qwen3-0.6B")
@@ -137,7 +137,7 @@ def test_default_output_names_env_and_model() -> None:
 
 
 def test_read_results_keeps_only_complete_groups(tmp_path: Path) -> None:
-    from bridges.eval import read_results
+    from bridges.jobs.evaluate import read_results
 
     path = tmp_path / "results.jsonl"
     assert read_results(path, 2) == ([], False)

@@ -20,7 +20,7 @@ def test_openai_engine_on_a_served_endpoint_is_labelled_evaluation_only(
     hf_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from bridges.client import EngineClient
-    from bridges.serve import serve_in_thread
+    from bridges.server.app import serve_in_thread
 
     monkeypatch.setenv("BRIDGES_TEST_ENDPOINT_KEY", "s3cret-key")
     with serve_in_thread(EngineClient(hf_engine, model_name="tiny"), api_key="s3cret-key") as server:

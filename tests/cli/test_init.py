@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
 from bridges.init import main
+from bridges.runs.config import run_cli
 
 
 def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path: Path):

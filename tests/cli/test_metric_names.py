@@ -1,4 +1,4 @@
-"""Every backend that writes metrics.jsonl writes the shared metric names (bridges.metrics.SHARED_METRICS)."""
+"""Every backend that writes metrics.jsonl writes the shared metric names (bridges.runs.metrics.SHARED_METRICS)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridges.metrics import SHARED_METRICS
+from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
 
 SMALL = ["trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4",

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bridges.tiny import build_tiny_tokenizer
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.models.tiny import build_tiny_tokenizer
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from bridges.client import EngineClient, UnsupportedEndpointError
-from bridges.errors import EngineError, PromptTooLongError
+from bridges.runtime.errors import EngineError, PromptTooLongError
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}

@@ -15,9 +15,9 @@ from bridges.client.tool_calls import (
     parse_mistral,
     tool_call_id,
 )
-from bridges.tiny import TINY_CHAT_TEMPLATE
+from bridges.models.tiny import TINY_CHAT_TEMPLATE
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "bridges" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "bridges" / "models" / "templates"
 IDS = [11, 12, 13]
 
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from bridges.client.ledger import LedgerRecord, TokenLedger, message_key, prefix_hashes
-from bridges.messages import to_message_dicts
+from bridges.envs.messages import to_message_dicts
 
 USER = {"role": "user", "content": "What is 2+3?"}
 

@@ -12,9 +12,10 @@ import httpx
 import openai
 import pytest
 
-from bridges.errors import ConfigError
-from bridges.http_server import check_bind
-from bridges.serve import ServeConfig, serve_in_thread
+from bridges.runtime.errors import ConfigError
+from bridges.runtime.http_server import check_bind
+from bridges.server.app import serve_in_thread
+from bridges.server.run import ServeConfig
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 
@@ -118,7 +119,7 @@ def test_non_loopback_without_api_key_is_refused():
     check_bind("127.0.0.1", None)
     check_bind("::1", None)
     check_bind("localhost", None)
-    from bridges.config import parse_config
+    from bridges.runs.config import parse_config
 
     with pytest.raises(ConfigError, match="engine must be one of hf, vllm; got 'mlx'"):
         parse_config(ServeConfig, ["engine=mlx"])

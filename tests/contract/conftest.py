@@ -37,7 +37,7 @@ def engines(tool_model: tuple[Any, Any]) -> Iterator[dict[str, Any]]:
     """One EngineClient in-process and one behind a loopback server, each over its own HFEngine."""
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
-    from bridges.serve import serve_in_thread
+    from bridges.server.app import serve_in_thread
 
     model, tokenizer = tool_model
     local_engine = HFEngine(model, tokenizer, name="tiny-tool")

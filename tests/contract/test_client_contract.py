@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from bridges.client.tool_calls import tool_call_id
-from bridges.messages import to_message_dicts
+from bridges.envs.messages import to_message_dicts
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -258,7 +258,7 @@ async def test_logprob_tokens_spell_the_sample(path, tool_case):
 async def test_engine_failures_map_to_sdk_errors(transport, tool_model):
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
-    from bridges.serve import serve_in_thread
+    from bridges.server.app import serve_in_thread
 
     model, tokenizer = tool_model
     slow = EngineClient(HFEngine(model, tokenizer), model_name="tiny-tool", request_timeout=1e-4)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bridges.types import Engine, SamplingParams
+from bridges.envs.types import Engine, SamplingParams
 
 KINDS = ["hf", "vllm", "verl", "tinker", "faulty"]
 
@@ -43,7 +43,7 @@ def vllm_engine(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     import vllm_standin
 
     from bridges.adapters.vllm import VLLMEngine
-    from bridges.engines import load_engine
+    from bridges.runs.engines import load_engine
 
     vllm_standin.install(monkeypatch)
     hf = load_engine("hf", str(tiny_path))
@@ -54,7 +54,7 @@ def vllm_engine(tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 async def engine(
     request: pytest.FixtureRequest, tiny_path: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Any]:
-    from bridges.engines import load_engine
+    from bridges.runs.engines import load_engine
 
     kind = request.param
     if kind == "hf":
@@ -78,10 +78,15 @@ async def engine(
         from bridges.adapters.tinker.engine import TinkerEngine
 
         server = request.getfixturevalue("tinker_server")
-        sampler = await tinker.ServiceClient(base_url=server.url).create_sampling_client(base_model="tiny")
+        service = tinker.ServiceClient(base_url=server.url)
+        sampler = await service.create_sampling_client(base_model="tiny")
         built = TinkerEngine(sampler, tiny_tokenizer)
     yield built
     await built.aclose()
+    if kind == "tinker":
+        from bridges.adapters.tinker.session import close_service
+
+        close_service(service)
 
 
 def prompt(tokenizer: Any) -> list[int]:
@@ -114,7 +119,7 @@ async def test_n_samples_with_one_finite_logprob_per_token(engine: Any):
 async def test_top_logprobs_are_served_or_refused_in_one_sentence(engine: Any):
     """k alternatives per position, best first, from the distribution the sampled id's logprob comes
     from; or an ``UnsupportedRequestError`` before any work (Tinker's and verl's samplers)."""
-    from bridges.errors import UnsupportedRequestError
+    from bridges.runtime.errors import UnsupportedRequestError
 
     params = SamplingParams(max_tokens=4, temperature=1.0, seed=5, top_logprobs=3)
     try:
@@ -163,8 +168,8 @@ async def test_trainable_engines_take_new_weights_and_bump_their_version(
 ):
     import torch
 
-    from bridges.engines import load_engine
-    from bridges.types import TrainableEngine
+    from bridges.envs.types import TrainableEngine
+    from bridges.runs.engines import load_engine
 
     engine = vllm_engine(tiny_path, monkeypatch) if kind == "vllm" else load_engine("hf", str(tiny_path))
     if kind == "faulty":

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridges.messages import to_message_dicts
+from bridges.envs.messages import to_message_dicts
 
 GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 64}
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bridges.deadlines import RESOLUTION_S, Deadline
+from bridges.runtime.deadlines import RESOLUTION_S, Deadline
 
 
 async def test_a_deadline_cancels_the_block_and_raises_timeout_error_soon_after_it_passes():

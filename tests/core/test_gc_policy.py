@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from bridges.gc_policy import OLDER_GENERATIONS_THRESHOLD, ROLLOUT_GC_THRESHOLD, relaxed_gc
+from bridges.runtime.gc_policy import OLDER_GENERATIONS_THRESHOLD, ROLLOUT_GC_THRESHOLD, relaxed_gc
 
 
 def test_threshold_raised_inside_and_restored_after_nesting():

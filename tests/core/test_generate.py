@@ -11,9 +11,9 @@ from core_fakes import ChatServer, completion, error
 from datasets import Dataset
 
 from bridges.envs import SingleTurnEnv
-from bridges.errors import ConfigError
-from bridges.rubric import Rubric
-from bridges.types import State
+from bridges.envs.rubric import Rubric
+from bridges.envs.types import State
+from bridges.runtime.errors import ConfigError
 
 
 def exact(completion, answer) -> float:

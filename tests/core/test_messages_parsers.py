@@ -9,10 +9,10 @@ from typing import Literal
 import pytest
 from openai.types.chat import ChatCompletion
 
+from bridges.envs.messages import to_message_dict, to_message_dicts
+from bridges.envs.parsers import Parser, ThinkParser, XMLParser
 from bridges.envs.tool_schema import tool_schema
-from bridges.errors import ConfigError
-from bridges.messages import to_message_dict, to_message_dicts
-from bridges.parsers import Parser, ThinkParser, XMLParser
+from bridges.runtime.errors import ConfigError
 
 
 def test_plain_dict_is_copied_with_its_keys():
@@ -187,7 +187,7 @@ def test_read_field_reads_dicts_fields_extras_properties_and_plain_objects_alike
     from openai.types.chat import ChatCompletionMessage
     from pydantic import BaseModel, ConfigDict
 
-    from bridges.messages import read_field
+    from bridges.envs.messages import read_field
 
     message = ChatCompletionMessage.model_validate(
         {"role": "assistant", "content": "hi", "reasoning_content": "because"}

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import bridges.environments as environments
-from bridges.errors import EnvironmentNotFoundError
-from bridges.registry import ENTRY_POINT_GROUP, list_bundled_environments, load_environment
+from bridges.envs.registry import ENTRY_POINT_GROUP, list_bundled_environments, load_environment
+from bridges.runtime.errors import EnvironmentNotFoundError
 
 FIXTURES = Path(__file__).parent / "registry_fixtures"
 

@@ -14,10 +14,10 @@ import pytest
 from core_fakes import ChatServer, completion, tool_call
 from datasets import Dataset
 
+from bridges.envs.results import record_to_state, state_to_record
+from bridges.envs.rubric import Rubric
 from bridges.envs.tool import ToolEnv
-from bridges.results import record_to_state, state_to_record
-from bridges.rubric import Rubric
-from bridges.types import State, Timing, Turn
+from bridges.envs.types import State, Timing, Turn
 
 SYSTEM = {"role": "system", "content": "be brief"}
 

@@ -8,10 +8,10 @@ import pytest
 from core_fakes import ChatServer, completion, error
 
 from bridges.envs import MultiTurnEnv, SingleTurnEnv, stop
-from bridges.errors import ConfigError
-from bridges.parsers import XMLParser
-from bridges.rubric import Rubric
-from bridges.types import State
+from bridges.envs.parsers import XMLParser
+from bridges.envs.rubric import Rubric
+from bridges.envs.types import State
+from bridges.runtime.errors import ConfigError
 
 ROW = {"question": "2+2?", "answer": "4", "example_id": 0}
 

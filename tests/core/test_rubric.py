@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from core_fakes import ChatServer, completion, error
 
-from bridges.errors import ConfigError
-from bridges.judge import JudgeRubric
-from bridges.parsers import XMLParser
-from bridges.rubric import Rubric, reward
-from bridges.types import State
+from bridges.envs.judge import JudgeRubric
+from bridges.envs.parsers import XMLParser
+from bridges.envs.rubric import Rubric, reward
+from bridges.envs.types import State
+from bridges.runtime.errors import ConfigError
 
 
 def make_state(text: str, answer: str = "4", **kw) -> State:
@@ -225,7 +225,7 @@ async def test_a_cheap_sync_reward_moves_onto_the_loop_thread_and_a_slow_one_sta
     import threading
     import time
 
-    from bridges.usercode import PROVEN_AFTER
+    from bridges.runtime.usercode import PROVEN_AFTER
 
     loop_thread = threading.get_ident()
     seen: dict[str, list[int]] = {"cheap": [], "slow": [], "pinned": []}
@@ -260,7 +260,7 @@ async def test_a_cheap_reward_that_turns_slow_or_hangs_inline_is_bounded_and_sen
     import threading
     import time
 
-    from bridges.usercode import PROVEN_AFTER
+    from bridges.runtime.usercode import PROVEN_AFTER
 
     loop_thread = threading.get_ident()
     calls: list[int] = []

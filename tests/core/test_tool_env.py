@@ -8,7 +8,7 @@ import json
 from core_fakes import ChatServer, completion, tool_call
 
 from bridges.envs import ToolEnv
-from bridges.rubric import Rubric
+from bridges.envs.rubric import Rubric
 
 ROW = {"question": "What is 6*7?", "answer": "42"}
 

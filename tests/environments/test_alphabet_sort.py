@@ -9,7 +9,7 @@ from bridges.environments.alphabet_sort import (
     parse_names,
     per_turn_similarity,
 )
-from bridges.types import State
+from bridges.envs.types import State
 
 ROUNDS = [["Nora", "Ada", "Theo"], ["Bruno"], ["Zoe", "Clara"]]
 

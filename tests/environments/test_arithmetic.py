@@ -109,7 +109,7 @@ def test_correct_answer_reads_the_last_number_of_the_final_assistant_message() -
 
 
 async def test_tool_call_is_answered_by_the_calculator() -> None:
-    from bridges.types import State
+    from bridges.envs.types import State
 
     env = arithmetic.load_environment(num_train=1, num_eval=1)
     call = {

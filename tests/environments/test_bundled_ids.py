@@ -8,7 +8,7 @@ BUNDLED = ["alphabet_sort", "arithmetic", "guess_number", "repeat_letter", "reve
 
 
 def test_every_bundled_module_is_listed() -> None:
-    from bridges.registry import list_bundled_environments
+    from bridges.envs.registry import list_bundled_environments
 
     assert list_bundled_environments() == BUNDLED
 

@@ -4,7 +4,7 @@ import pytest
 
 from bridges.environments import guess_number
 from bridges.environments.guess_number import closeness, parse_guess, solved_reward
-from bridges.types import State
+from bridges.envs.types import State
 
 
 def assistant(*texts: str) -> list[dict[str, str]]:

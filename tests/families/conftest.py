@@ -1,4 +1,4 @@
-"""Tiny random models over real BPE vocabularies (bridges/family_models.py), built once per session."""
+"""Tiny random models over real BPE vocabularies (bridges/models/family_models.py), built once per session."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from bridges.tiny import FAMILY_MODEL_NAMES
+from bridges.models.tiny import FAMILY_MODEL_NAMES
 
 
 @pytest.fixture(scope="session")
 def family_paths(bridges_cache_dir: Path) -> dict[str, Path]:
-    from bridges.family_models import family_model_path
+    from bridges.models.family_models import family_model_path
 
     return {name: family_model_path(name) for name in FAMILY_MODEL_NAMES}
 

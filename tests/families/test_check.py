@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from bridges.check import main
-from bridges.config import run_cli
-from bridges.tiny import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
+from bridges.models.tiny import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
+from bridges.runs.config import run_cli
 
 
 def run(args, capsys):

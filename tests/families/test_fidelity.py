@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from bridges.tiny import FAMILY_MODEL_NAMES
+from bridges.models.tiny import FAMILY_MODEL_NAMES
 
 EPISODES = 200
 
@@ -22,7 +22,7 @@ EPISODES = 200
 def test_every_turn_extends_the_ledger_exactly(family_paths, name):
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
-    from bridges.fidelity import run_fidelity
+    from bridges.jobs.fidelity import run_fidelity
 
     engine = HFEngine.from_pretrained(str(family_paths[name]), name=name, max_batch_size=64)
     try:

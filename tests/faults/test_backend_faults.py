@@ -24,8 +24,8 @@ def test_grpo_step_completes_with_env_reward_and_engine_faults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     import bridges.grpo.trainer as trainer
-    from bridges.config import parse_config
-    from bridges.train_config import TrainConfig
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
 
     make_engine = trainer.make_engine
     faults = {"[engine:permanent]": "permanent", "[engine:nan]": "nan"}
@@ -62,7 +62,7 @@ def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_p
     from trl import GRPOConfig, GRPOTrainer
 
     from bridges.adapters.trl import trl_trainer_kwargs
-    from bridges.registry import load_environment
+    from bridges.envs.registry import load_environment
 
     env = load_environment("bridges_fault_env", cases=["ok", "env_raises", "reward_raises", "reward_nan"])
     args = GRPOConfig(

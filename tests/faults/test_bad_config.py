@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridges.config import run_cli
+from bridges.runs.config import run_cli
 
 TRAIN = [  # (argv, a piece of the sentence)
     (["trainer.group_size=0"], "trainer.group_size must be at least 2, got 0."),
@@ -105,7 +105,7 @@ EVAL = [
 @pytest.fixture
 def paths(tmp_path: Path) -> dict[str, str]:
     from bridges.grpo.checkpoint import _PREFIX
-    from bridges.state_files import write_manifest
+    from bridges.runtime.state_files import write_manifest
 
     file = tmp_path / "a-file"
     file.write_text("not a folder")
@@ -127,13 +127,13 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any attempt to load (or build) a model fails the test."""
     import transformers
 
-    import bridges.tiny
+    import bridges.models.tiny
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a model was loaded before the configuration was validated")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(bridges.tiny, "tiny_model_path", refuse)
+    monkeypatch.setattr(bridges.models.tiny, "tiny_model_path", refuse)
 
 
 def run(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
+from bridges.runs.config import run_cli
 
 CASES = [  # (argv, the start of the sentence)
     (["trainer.max_step=3"], "unknown config key 'trainer.max_step' (did you mean 'trainer.max_steps'?)"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridges.usercode import DaemonPool, UserCodeTimeout, call_user
+from bridges.runtime.usercode import DaemonPool, UserCodeTimeout, call_user
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ async def test_sync_env_hooks_run_on_the_loop_and_the_watchdog_interrupts_them()
 
 
 async def test_the_watchdog_fires_once_per_call_and_leaves_nothing_pending():
-    from bridges.usercode import HookInterrupted
+    from bridges.runtime.usercode import HookInterrupted
 
     caught = []
 

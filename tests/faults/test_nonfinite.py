@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import bridges as br
-from bridges.types import State
+from bridges.envs.types import State
 
 
 def make_state(text: str = "x") -> State:
@@ -121,7 +121,7 @@ def test_the_run_stops_in_one_sentence_after_three_non_finite_steps_in_a_row(
     argv = [f"output_dir={tmp_path}", "run_name=nan", "trainer.max_steps=10", "trainer.batch_size=4",
             "trainer.group_size=4", "progress=false", "sampling.max_tokens=4"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
-        from bridges.config import run_cli
+        from bridges.runs.config import run_cli
 
         run_cli(main, argv)
     assert exit_info.value.code == 2

@@ -15,7 +15,7 @@ import pytest
 from faulty_engine import FaultyEngine
 
 from bridges.envs.base import parse_info
-from bridges.registry import load_environment
+from bridges.envs.registry import load_environment
 from bridges.workflows.rollouts import run_groups
 
 ENGINE_FAULTS = {

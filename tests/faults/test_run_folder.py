@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
+from bridges.runs.config import run_cli
 from bridges.train import main
 
 SMALL = [

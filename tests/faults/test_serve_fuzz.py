@@ -16,7 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from bridges.serve import ServeLimits, serve_in_thread
+from bridges.server.app import ServeLimits, serve_in_thread
 
 # per endpoint: valid requests generate tokens (slower), malformed ones are refused in milliseconds
 MAX_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 300}

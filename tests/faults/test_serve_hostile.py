@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bridges.serve import ServeLimits, serve_in_thread
+from bridges.server.app import ServeLimits, serve_in_thread
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]

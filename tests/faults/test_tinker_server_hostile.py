@@ -22,7 +22,7 @@ import pytest
 from bridges.adapters.tinker import server as server_module
 from bridges.adapters.tinker.server import create_app
 from bridges.adapters.tinker.state import TinkerServerConfig, build_state
-from bridges.http_server import ServerThread
+from bridges.runtime.http_server import ServerThread
 
 SENTINEL_NAME = "pickle-ran"
 
@@ -200,31 +200,33 @@ def test_non_finite_advantages_are_a_terminal_error_and_leave_the_weights_finite
     import tinker
     from tinker import types
 
+    from bridges.adapters.tinker.session import open_service
+
     os.environ.setdefault("TINKER_API_KEY", "tml-local")
-    service = tinker.ServiceClient(base_url=hostile["url"])
-    training = service.create_lora_training_client(base_model="tiny", rank=2).result()
-    tokens = [3, 4, 5, 6]
-    for bad in (math.nan, math.inf, -math.inf):
-        datum = types.Datum(
-            model_input=types.ModelInput.from_ints(tokens[:-1]),
+    with open_service(hostile["url"]) as service:
+        training = service.create_lora_training_client(base_model="tiny", rank=2).result()
+        tokens = [3, 4, 5, 6]
+        for bad in (math.nan, math.inf, -math.inf):
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+                    "logprobs": np.zeros(3, dtype=np.float32),
+                    "advantages": np.asarray([1.0, bad, 0.5], dtype=np.float32),
+                },
+            )
+            with pytest.raises(tinker.RequestFailedError, match="'advantages' holds a NaN or infinite value"):
+                training.forward_backward([datum], "importance_sampling").result()
+        step = training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        assert step.metrics["optim/skipped"] == 0.0  # nothing bad was accumulated, so the step is a real one
+        weights = hostile["state"].policies[training.model_id].snapshot()
+        assert all(bool(t.isfinite().all()) for t in weights.values())
+        bad_ids = types.Datum(
+            model_input=types.ModelInput.from_ints([1, 2, 10_000]),
             loss_fn_inputs={
-                "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
-                "logprobs": np.zeros(3, dtype=np.float32),
-                "advantages": np.asarray([1.0, bad, 0.5], dtype=np.float32),
+                "target_tokens": np.asarray([2, 3, 4], dtype=np.int64),
+                "weights": np.ones(3, np.float32),
             },
         )
-        with pytest.raises(tinker.RequestFailedError, match="'advantages' holds a NaN or infinite value"):
-            training.forward_backward([datum], "importance_sampling").result()
-    step = training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    assert step.metrics["optim/skipped"] == 0.0  # nothing bad was accumulated, so the step is a real one
-    weights = hostile["state"].policies[training.model_id].snapshot()
-    assert all(bool(t.isfinite().all()) for t in weights.values())
-    bad_ids = types.Datum(
-        model_input=types.ModelInput.from_ints([1, 2, 10_000]),
-        loss_fn_inputs={
-            "target_tokens": np.asarray([2, 3, 4], dtype=np.int64),
-            "weights": np.ones(3, np.float32),
-        },
-    )
-    with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
-        training.forward_backward([bad_ids], "cross_entropy").result()
+        with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
+            training.forward_backward([bad_ids], "cross_entropy").result()

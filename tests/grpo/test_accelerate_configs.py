@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import parse_config
-from bridges.errors import ConfigError
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
+from bridges.runtime.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "accelerate"
 

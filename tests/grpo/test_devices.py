@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
+from bridges.runs.config import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # the code that builds tensors for a model on trainer.device: one created on the default (CPU) device
 # would be a silent host-to-device copy per step on a GPU, or a device mismatch error
 CHECKED = [*sorted((ROOT / "bridges" / "grpo").glob("*.py")), *sorted((ROOT / "adapters" / "hf").glob("*.py")),
-           ROOT / "bridges" / "token_logprobs.py", ROOT / "adapters" / "tinker" / "local_model.py"]  # fmt: skip
+           ROOT / "bridges" / "models" / "token_logprobs.py", ROOT / "adapters" / "tinker" / "local_model.py"]  # fmt: skip
 FACTORIES = {"tensor", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint", "linspace", "eye",
              "as_tensor", "Generator"}  # fmt: skip
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridges.config import parse_config, run_cli
 from bridges.grpo.trainer import run
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config, run_cli
+from bridges.runs.train_config import TrainConfig
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 sys.path.insert(0, str(SUPPORT))
@@ -28,7 +28,7 @@ def first_step(dtype: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]
     from bridges.grpo.loss import sequence_logprobs
     from bridges.grpo.parallel import World
     from bridges.grpo.trainer import build_step_context, train_step
-    from bridges.hardware import placement
+    from bridges.models.hardware import placement
 
     config = parse_config(TrainConfig, [f"trainer.dtype={dtype}", "trainer.device=cpu"])
     torch.manual_seed(0)
@@ -54,14 +54,17 @@ def test_bf16_first_step_is_within_the_stated_tolerance_of_fp32(tiny_path: Path)
 @pytest.mark.slow
 def test_a_bf16_run_of_the_default_task_learns(tmp_path: Path):
     config = parse_config(TrainConfig, [f"output_dir={tmp_path}", "progress=false", "trainer.dtype=bf16",
-                                        "trainer.max_steps=180"])  # fmt: skip
+                                        "trainer.max_steps=130"])  # fmt: skip
     assert run(config) == 0
     rows = [json.loads(x) for x in (tmp_path / "grpo-repeat_letter" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]
-    assert sum(rewards[-5:]) / 5 > 0.8 and rows[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-3)
-    weights = load_file(str(tmp_path / "grpo-repeat_letter" / "checkpoints" / "step_000180" / "model" / "model.safetensors"))
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    # measured: 0.012 -> 0.57 over 130 steps (0.77 at 140; the 250-step default reaches 0.996 in bf16)
+    assert first < 0.1 and last > 0.3, (first, last)
+    assert rows[0]["ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+    weights = load_file(str(tmp_path / "grpo-repeat_letter" / "checkpoints" / "step_000130" / "model" / "model.safetensors"))
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}  # the model computes in bf16...
-    masters = load_file(str(tmp_path / "grpo-repeat_letter" / "checkpoints" / "step_000180" / "trainable.safetensors"))
+    masters = load_file(str(tmp_path / "grpo-repeat_letter" / "checkpoints" / "step_000130" / "trainable.safetensors"))
     assert {t.dtype for t in masters.values()} == {torch.float32}  # ...its fp32 masters resume it exactly
 
 

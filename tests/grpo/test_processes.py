@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from bridges.launch import launch
+from bridges.runtime.launch import launch
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 ONE_STEP = ["trainer.learning_rate=1e-3", "trainer.max_grad_norm=1e6", "trainer.device=cpu", "trainer.dtype=fp32"]

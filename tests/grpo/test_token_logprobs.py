@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bridges.token_logprobs import chunked_matches_plain, token_logprobs
+from bridges.models.token_logprobs import chunked_matches_plain, token_logprobs
 
 
 def inputs(vocab: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -54,7 +54,7 @@ def test_the_same_through_a_lora_adapter_on_a_real_vocabulary(bridges_cache_dir,
     the head's own backward (``HeadLogprobs``) runs."""
     import peft
 
-    from bridges.family_models import family_model_path
+    from bridges.models.family_models import family_model_path
 
     model = AutoModelForCausalLM.from_pretrained(family_model_path("tiny-qwen2.5"), dtype=torch.float32)
     lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import parse_config
 from bridges.grpo.trainer import run
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["trainer.batch_size=4", "trainer.group_size=4", "progress=false"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bridges.config import parse_config
 from bridges.grpo.trainer import run
-from bridges.train_config import TrainConfig
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ import asyncio
 import itertools
 from typing import Any
 
-from bridges.errors import EngineError
-from bridges.types import Sample, SamplingParams
+from bridges.envs.types import Sample, SamplingParams
+from bridges.runtime.errors import EngineError
 
 
 class FaultyEngine:

@@ -4,7 +4,7 @@
 (``build_step_context``: the policy on its device and dtype, sharded under fsdp, its masters and AdamW),
 takes this process's share of 16 deterministic samples (sample i to process i mod N), runs
 ``train_step`` once and, on the main process, writes the whole trained tensors. Run alone and under
-``bridges.launch`` with two processes, the files must agree.
+``bridges.runtime.launch`` with two processes, the files must agree.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from bridges.config import parse_config
 from bridges.grpo.parallel import full_state_dict, start, stop, world_from_env
 from bridges.grpo.policy import trainable_names
 from bridges.grpo.trainer import build_step_context, train_step
-from bridges.hardware import placement
-from bridges.train_config import TrainConfig
+from bridges.models.hardware import placement
+from bridges.runs.config import parse_config
+from bridges.runs.train_config import TrainConfig
 from bridges.workflows.types import TrainingSample
 
 

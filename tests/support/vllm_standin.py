@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bridges.adapters.vllm.worker_extension import WeightSyncExtension
-from bridges.types import SamplingParams
+from bridges.envs.types import SamplingParams
 
 
 def vllm_module() -> types.ModuleType:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
-from bridges.results import record_to_state
+from bridges.envs.results import record_to_state
+from bridges.runs.config import run_cli
 from bridges.workflows.samples import state_to_samples
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bridges.types import State, Turn
+from bridges.envs.types import State, Turn
 from bridges.workflows.advantages import build_group, group_advantages
 from bridges.workflows.samples import SampleStats, state_to_samples, truncate_sample
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bridges.config import run_cli
-from bridges.registry import load_environment
+from bridges.envs.registry import load_environment
 from bridges.rescore import main as rescore_main
+from bridges.runs.config import run_cli
 from bridges.workflows.rollouts import run_group
 from bridges.workflows.traces import TraceWriter, read_traces
 

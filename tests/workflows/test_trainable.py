@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_one_definition_of_a_trainable_rollout():
-    from bridges.types import State, Turn
+    from bridges.envs.types import State, Turn
     from bridges.workflows.advantages import build_group
     from bridges.workflows.samples import state_to_samples
 

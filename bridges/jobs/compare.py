@@ -1,0 +1,234 @@
+"""Compare backends on one environment: paired rollouts, bootstrap intervals, reward curves
+(``python -m bridges.compare``); the report's tables and plots are drawn by ``compare_report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridges.jobs.compare_report import (
+    BackendResult,
+    comparisons,
+    plot_curves,
+    plot_distributions,
+    tables,
+    write_reports,
+)
+from bridges.runs.config import option
+from bridges.runs.metrics import read_metric_rows
+from bridges.runtime.errors import ConfigError
+
+BACKENDS = ("grpo", "trl", "tinker", "verl")
+
+
+@dataclass
+class CompareConfig:
+    env: str = option("reverse_text", help="environment id evaluated on every backend")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    backends: list[str] = option(
+        factory=lambda: ["grpo", "trl", "tinker"], help="engines to compare: grpo, trl, tinker, verl"
+    )
+    model: str = option("tiny", help="'tiny', a local checkpoint folder or a hub id")
+    num_examples: int = option(8, ge=1, help="examples evaluated per backend")
+    rollouts_per_example: int = option(4, ge=1, help="rollouts of each example per backend")
+    seed: int = option(0, ge=0, help="sampling seed, the same on every backend")
+    temperature: float = option(1.0, ge=0.0, le=2.0, help="sampling temperature")
+    max_tokens: int | None = option(None, ge=1, help="tokens per model turn; None: the environment's own")
+    backend_sampling: dict[str, Any] = option(
+        factory=dict, help="per-backend sampling overrides: <backend>.<arg>=value"
+    )
+    tinker_base_url: str = option("local", help="'local' starts the local Tinker server; else a service URL")
+    runs: list[str] = option(
+        factory=list, help="finished training run folders whose reward curves to overlay"
+    )
+    bootstrap: int = option(2000, ge=100, help="bootstrap resamples for the paired verdicts")
+    output: str = option("outputs/compare", help="where the report, plot and results dataset go")
+    progress: bool = option(False, help="progress bars")
+
+
+def check(config: CompareConfig) -> None:
+    unknown = [b for b in config.backends if b not in BACKENDS]
+    if unknown:
+        raise ConfigError(f"unknown backend '{unknown[0]}' in backends; choose from {', '.join(BACKENDS)}.")
+    if not config.backends and not config.runs:
+        raise ConfigError("nothing to compare: give backends=[...] and/or runs=[dir,...].")
+    stray = sorted(set(config.backend_sampling) - set(config.backends))
+    if stray:
+        raise ConfigError(f"backend_sampling.{stray[0]} names a backend that is not in backends.")
+
+
+@contextlib.asynccontextmanager
+async def backend_client(name: str, config: CompareConfig, model_path: str) -> Any:
+    """An ``EngineClient`` over the engine ``name`` trains with (and the label of that engine)."""
+    from bridges.client import EngineClient
+    from bridges.runs.engines import load_engine
+
+    if name in ("grpo", "trl"):
+        engine = load_engine("hf", model_path)
+        try:
+            yield EngineClient(engine, model_name=config.model), "hf"
+        finally:
+            await engine.aclose()
+    elif name == "verl":
+        from bridges.adapters.verl.engine import VerlServerEngine
+        from bridges.adapters.verl.hf_rollout import HFRolloutServer
+
+        manager = HFRolloutServer(model_path)
+        base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        verl_engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
+        yield EngineClient(verl_engine, model_name=config.model), "verl hf rollout"
+    else:
+        client, label, close = await _tinker_client(config, model_path)
+        try:
+            yield client, label
+        finally:
+            close()
+
+
+async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, str, Any]:
+    import os
+
+    from transformers import AutoTokenizer
+
+    from bridges.runtime.errors import require_extra
+
+    tinker = require_extra("tinker", "tinker", "comparing backend tinker")
+
+    from bridges.adapters.tinker.engine import TinkerEngine
+    from bridges.adapters.tinker.session import close_service
+    from bridges.client import EngineClient
+
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    server, base_url, base_model = None, config.tinker_base_url, config.model
+    if base_url == "local":
+        from bridges.adapters.tinker.server import start_local_server
+
+        server = start_local_server(model_path, Path(config.output) / "tinker", model_name=config.model)
+        base_url = server.url
+    service = tinker.ServiceClient(base_url=base_url)
+
+    def close() -> None:  # the session first, while its server still answers
+        close_service(service)
+        if server is not None:
+            server.close()
+
+    try:
+        sampler = await service.create_sampling_client(base_model=base_model)
+        engine = TinkerEngine(sampler, AutoTokenizer.from_pretrained(model_path))
+    except BaseException:
+        close()
+        raise
+    label = "tinker (local server)" if server is not None else f"tinker ({base_url})"
+    return EngineClient(engine, model_name=config.model), label, close
+
+
+async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_path: str) -> BackendResult:
+    from bridges.envs.results import state_to_record
+
+    args: dict[str, Any] = {
+        **(env.sampling_args or {}),
+        "temperature": config.temperature,
+        "seed": config.seed,
+    }
+    if config.max_tokens is not None:
+        args["max_tokens"] = config.max_tokens
+    args.update(config.backend_sampling.get(name, {}))
+    async with backend_client(name, config, model_path) as (client, label):
+        started = time.perf_counter()
+        result = await env.evaluate(
+            client, config.model, num_examples=config.num_examples,
+            rollouts_per_example=config.rollouts_per_example, sampling_args=args, progress=config.progress,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+    states = result.states
+    rows = [{"backend": name, **state_to_record(s)} for s in states]
+    return BackendResult(
+        name=name,
+        engine=label,
+        rewards=[None if s.errored else s.reward for s in states],
+        stop_reasons=[s.stop_reason or "none" for s in states],
+        drift_tokens=[int(s.drift_tokens or 0) for s in states],
+        completion_tokens=sum(len(t.completion_ids) for s in states for t in s.turns),
+        seconds=seconds,
+        rows=rows,
+    )
+
+
+def read_curves(runs: list[str]) -> tuple[dict[str, list[tuple[int, float]]], str]:
+    """Each run's reward curve, against samples seen (cumulative ``episodes/total``) when every run logs
+    it, so runs with different batch shapes line up, else against steps. Returns the curves and the axis."""
+    tables = {}
+    for run in runs:
+        path = Path(run) / "metrics.jsonl"
+        if not path.exists():
+            raise ConfigError(
+                f"runs: '{run}' has no metrics.jsonl; point at a finished training run's folder."
+            )
+        tables[Path(run).name] = read_metric_rows(path)
+    by_samples = all(r.get("episodes/total") is not None for rows in tables.values() for r in rows)
+    curves = {}
+    for name, rows in tables.items():
+        seen, points = 0, []
+        for r in rows:
+            seen += int(r.get("episodes/total") or 0)
+            if r.get("reward/mean") is not None:
+                points.append((seen if by_samples else r["step"], r["reward/mean"]))
+        curves[name] = points
+    return curves, "samples seen" if by_samples else "step"
+
+
+def compare(config: CompareConfig) -> int:
+    from datasets import Dataset
+
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import resolve_model_path
+
+    check(config)
+    output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    curves, axis = read_curves(config.runs)
+    results: list[BackendResult] = []
+    if config.backends:
+        env = load_environment(config.env, **config.env_args)
+        model_path = str(resolve_model_path(config.model))
+        for name in config.backends:
+            print(f"evaluating {config.env} through {name} ...", flush=True)
+            results.append(asyncio.run(evaluate_backend(name, env, config, model_path)))
+    images, sections = [], {}
+    if results:
+        pairs = comparisons(results, config.bootstrap, config.seed)
+        sections = tables(results, pairs)
+        images.append(
+            plot_distributions(results, output / "rewards.png", f"{config.env} · {config.model}").name
+        )
+        Dataset.from_list([row for r in results for row in r.rows]).save_to_disk(str(output / "results"))
+        for p in pairs:
+            print(
+                f"{p['a']} vs {p['b']}: difference {p['diff']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] -> {p['verdict']}"
+            )
+    if curves:
+        images.append(plot_curves(curves, output / "curves.png", axis).name)
+        sections["Training runs"] = [["run", "points", "first reward", "last reward"]] + [
+            [name, str(len(points)), f"{points[0][1]:.4f}", f"{points[-1][1]:.4f}"]
+            for name, points in curves.items()
+            if points
+        ]
+    header = [
+        f"environment {config.env} {config.env_args or ''}, model {config.model}, {config.num_examples} examples x "
+        f"{config.rollouts_per_example} rollouts, seed {config.seed}, temperature {config.temperature}",
+        "Rollouts are paired across backends (same rows, same seeds); 'same' means the paired 95% bootstrap "
+        "interval of the mean reward difference contains 0.",
+    ]
+    md, page = write_reports(output, "rl-bridges backend comparison", header, sections, images)
+    print(f"report written to {md} and {page}")
+    return 0

@@ -1,0 +1,288 @@
+"""Evaluate an environment on a model and save every rollout, resumably (``python -m bridges.eval``).
+
+Evaluation runs are long and run against rate-limited or flaky endpoints, so nothing that finished may
+be lost: each finished group is appended to ``results.jsonl`` and flushed at once, and the same command
+run again resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bridges.models.hardware import DEVICE_HELP, DTYPE_HELP, DTYPES, check_device
+from bridges.runs.config import option
+from bridges.runs.preflight import build_environment, check_dataset, check_model, check_writable_folder
+from bridges.runtime.errors import ConfigError
+
+RESULTS_FILE = "results.jsonl"
+METADATA_FILE = "metadata.json"
+# What makes two runs the same run: resuming into an output written by another is refused.
+RUN_IDENTITY = ("env", "env_args", "model", "rollouts_per_example", "split")
+
+
+@dataclass
+class SamplingConfig:
+    max_tokens: int | None = option(None, ge=1, help="tokens per model turn; None: the environment's own")
+    temperature: float | None = option(None, ge=0.0, le=2.0, help="sampling temperature (0: greedy)")
+    top_p: float | None = option(None, gt=0.0, le=1.0, help="nucleus sampling mass")
+
+
+@dataclass
+class EvalConfig:
+    env: str = option("repeat_letter", help="environment id: bundled, entry point, module, or vf:<module>")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    model: str = option(
+        "tiny", help="'tiny', a local checkpoint folder, a hub id, or the endpoint's model name"
+    )
+    engine: str = option(
+        "hf", help="hf: a local model, token-exact; openai: any endpoint; module:Class: your own engine"
+    )
+    base_url: str | None = option(None, help="engine=openai: the endpoint (default: the SDK's)")
+    api_key_var: str = option(
+        "OPENAI_API_KEY", help="engine=openai: the environment variable holding the key"
+    )
+    device: str = option("auto", help=f"engine=hf: where the model runs: {DEVICE_HELP}")
+    dtype: str = option("auto", choices=DTYPES, help=f"engine=hf: {DTYPE_HELP}")
+    num_examples: int = option(-1, ge=-1, help="examples to evaluate; -1 = all")
+    rollouts_per_example: int = option(1, ge=1, help="rollouts of each example")
+    max_concurrent: int = option(32, ge=1, help="rollouts in flight")
+    sampling: SamplingConfig = option(factory=SamplingConfig, help="sampling overrides")
+    seed: int = option(0, ge=0, help="sampling seed")
+    output: str | None = option(None, help="results folder; default outputs/<env>--<model>")
+    split: str = option("eval", choices=("eval", "train"), help="which dataset split to evaluate")
+    progress: bool = option(True, help="a progress bar")
+
+
+def default_output(env: str, model: str) -> Path:
+    name = Path(model.rstrip("/")).name if os.path.sep in model or model.startswith(".") else model
+    return Path("outputs") / re.sub(r"[^A-Za-z0-9._-]+", "-", f"{env}--{name}")
+
+
+def validate(config: EvalConfig, output: Path) -> None:
+    """What the ranges in EvalConfig cannot say, checked before the environment or a model loads."""
+    if config.num_examples == 0:
+        raise ConfigError(f"num_examples must be positive or -1 (all), got {config.num_examples}.")
+    check_writable_folder(output, "output")
+    if config.engine not in ("hf", "openai") and ":" not in config.engine:
+        raise ConfigError(
+            f"engine must be hf, openai or module:Class (your own engine), got '{config.engine}'."
+        )
+    if config.engine != "openai":
+        check_model(config.model)
+    if config.engine == "hf":
+        check_device(config.device)
+    if ":" in config.engine:
+        from bridges.runs.engines import engine_class
+
+        engine_class(config.engine)  # an unimportable path is one sentence, before anything runs
+
+
+# ---------------------------------------------------------------- saved results (resume)
+
+
+def read_results(path: Path, rollouts_per_example: int) -> tuple[list[dict[str, Any]], bool]:
+    """Records of complete groups (all K rollouts saved), and whether anything else had to be dropped.
+
+    Groups are appended whole, so an incomplete group or an unreadable line can only come from a
+    crash in the middle of a write; those rows are generated again.
+    """
+    if not path.exists():
+        return [], False
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    dropped = False
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped = True
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("example_id"), int):
+            dropped = True
+            continue
+        groups[int(record["example_id"])].append(record)
+    kept = []
+    for records in groups.values():
+        if len(records) == rollouts_per_example:
+            kept.extend(records)
+        else:
+            dropped = True
+    return kept, dropped
+
+
+def check_resumable(output: Path, identity: dict[str, Any]) -> None:
+    path = output / METADATA_FILE
+    if not path.exists() or not (output / RESULTS_FILE).exists():
+        return
+    saved = json.loads(path.read_text())
+    differing = [k for k in RUN_IDENTITY if saved.get(k) != identity[k]]
+    if differing:
+        was = ", ".join(f"{k}={json.dumps(saved.get(k))}" for k in differing)
+        now = ", ".join(f"{k}={json.dumps(identity[k])}" for k in differing)
+        raise ConfigError(
+            f"output '{output}' holds a run with {was}, not {now}; pass another output=<dir> or the same settings."
+        )
+
+
+class ResultsWriter:
+    """Appends each finished group to the JSONL file and flushes it, so a crash loses no finished group."""
+
+    def __init__(self, path: Path) -> None:
+        from bridges.envs.results import state_to_record
+
+        self._to_record = state_to_record
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, states: list[Any]) -> None:
+        from bridges.envs.results import dumps
+
+        records = [self._to_record(s) for s in states]
+        with self.path.open("a") as f:
+            f.write("".join(dumps(r) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        self.records.extend(records)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarize(records: list[dict[str, Any]], rollouts_per_example: int) -> dict[str, Any]:
+    """The environment layer's summary, over resumed and new rows alike (rebuilt from the records)."""
+    from bridges.envs.base import GenerateResult
+    from bridges.envs.results import record_to_state
+
+    states = [record_to_state(r) for r in records]
+    return GenerateResult(states=states, rollouts_per_example=rollouts_per_example).summary()
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(summary: dict[str, Any], header: str, token_ids: bool) -> str:
+    """The run at a glance; token counts of a remote endpoint come from its reported usage."""
+    k = summary["pass_at_k"]["k"]
+    stderr = summary["reward_stderr"]
+    rows = [
+        ("rollouts", f"{summary['num_rollouts']} ({summary['num_examples']} examples x {k})"),
+        ("reward", _number(summary["reward_mean"]) + ("" if stderr is None else f" ± {stderr:.4f}")),
+        *[(f"  {name}", _number(value)) for name, value in summary["metrics"].items()],
+        (f"pass@{k} (reward >= {summary['pass_threshold']})", _number(summary["pass_at_k"]["value"])),
+        (f"pass all {k}", _number(summary["pass_all_k"])),
+        ("stop reasons", ", ".join(f"{name} {n}" for name, n in summary["stop_reasons"].items()) or "-"),
+        ("prompt tokens (mean)", _number(summary["prompt_tokens_mean"], 1)),
+        ("completion tokens (mean)", _number(summary["completion_tokens_mean"], 1)),
+        ("errors", str(summary["num_errored"])),
+        ("token ids", "yes (trainable)" if token_ids else "no: evaluation only"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    line = "-" * max(len(header), width + 24)
+    return "\n".join([header, line, *(f"{name.ljust(width)}  {value}" for name, value in rows), line])
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_client(config: EvalConfig) -> Any:
+    """An ``openai.AsyncOpenAI``: the remote endpoint itself, or a local engine behind ``EngineClient``."""
+    if config.engine == "openai":
+        from bridges.adapters.openai import build_openai_client
+
+        return build_openai_client(config.base_url, config.api_key_var)
+    import torch
+
+    from bridges.client import EngineClient
+    from bridges.runs.engines import load_engine
+    from bridges.runs.metrics import quiet_library_bars
+
+    quiet_library_bars()
+    torch.manual_seed(config.seed)
+    options = {"device": config.device, "dtype": config.dtype} if config.engine == "hf" else {}
+    return EngineClient(load_engine(config.engine, config.model, **options), model_name=config.model)
+
+
+def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
+    from datasets import Dataset
+
+    staging = path.with_name(path.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    Dataset.from_list(records).save_to_disk(str(staging))
+    shutil.rmtree(path, ignore_errors=True)
+    staging.rename(path)
+
+
+def _resume(output: Path, dataset: Any, rollouts_per_example: int) -> tuple[list[dict[str, Any]], Any]:
+    """The rows an earlier run of this evaluation saved, and the dataset rows still to generate."""
+    results_path = output / RESULTS_FILE
+    saved, dropped = read_results(results_path, rollouts_per_example)
+    if dropped:  # rewrite without the partial group a crash left behind
+        from bridges.envs.results import dumps
+
+        results_path.write_text("".join(dumps(r) + "\n" for r in saved))
+    wanted = set(dataset["example_id"])
+    resumed = [r for r in saved if r["example_id"] in wanted]  # a smaller num_examples uses a subset
+    done = {r["example_id"] for r in resumed}
+    rows = dataset.filter(lambda row: row["example_id"] not in done) if done else dataset
+    print(
+        f"{len(resumed)} rows resumed from {results_path} ({len(done)} examples); "
+        f"generating {len(rows) * rollouts_per_example} rows ({len(rows)} examples)."
+    )
+    return resumed, rows
+
+
+def evaluate(config: EvalConfig) -> int:
+    """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
+    output = Path(config.output) if config.output else default_output(config.env, config.model)
+    validate(config, output)
+    identity = {"env": config.env, "env_args": config.env_args, "model": config.model,
+                "rollouts_per_example": config.rollouts_per_example, "split": config.split}  # fmt: skip
+    check_resumable(output, identity)
+    env = build_environment(config.env, config.env_args)
+    check_dataset(env, config.split, config.env)
+    split = env.get_eval_dataset if config.split == "eval" else env.get_dataset
+    dataset = split(n=config.num_examples)
+    sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
+    token_ids = config.engine != "openai"
+    # a missing API key fails here, before any work; a local model loads only if something is left to do
+    remote = build_client(config) if config.engine == "openai" else None
+    output.mkdir(parents=True, exist_ok=True)
+    resumed, rows = _resume(output, dataset, config.rollouts_per_example)
+    metadata = {
+        **identity, "engine": config.engine, "base_url": config.base_url if config.engine == "openai" else None,
+        "num_examples": len(dataset), "sampling_args": {**(env.sampling_args or {}), **sampling_args},
+        "seed": config.seed, "token_ids": token_ids, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }  # fmt: skip
+    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    writer = ResultsWriter(output / RESULTS_FILE)
+    if len(rows):
+        client = remote if remote is not None else build_client(config)
+        asyncio.run(
+            env.generate(rows, client, config.model, rollouts_per_example=config.rollouts_per_example,
+                         sampling_args=sampling_args, max_concurrent=config.max_concurrent,
+                         progress=config.progress, on_group=writer)
+        )  # fmt: skip
+    records = resumed + writer.records
+    summary = summarize(records, config.rollouts_per_example)
+    save_dataset(records, output / "dataset")
+    metadata.update(summary=summary, resumed_rows=len(resumed), new_rows=len(writer.records))
+    metadata["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    header = (
+        f"{config.env} | {config.model} ({config.engine}) | {config.rollouts_per_example} rollouts per example"
+        f" | {len(resumed)} rows resumed, {len(writer.records)} new"
+    )
+    print(format_table(summary, header, token_ids))
+    print(f"saved {len(records)} rows to {output / RESULTS_FILE} and {output / 'dataset'}")
+    return 0

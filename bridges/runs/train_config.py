@@ -1,0 +1,219 @@
+"""The one configuration every ``python -m bridges.train backend=<name>`` run shares.
+
+Shared keys (environment, model, group size, learning rate, sampling) are declared once, so the
+same command line means the same experiment on every backend; each backend's native settings pass
+straight through in their own open section (``trl.*`` as ``GRPOConfig`` fields, ``verl.*`` as hydra
+overrides, ``tinker.*``) instead of being re-declared here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bridges.models.hardware import DEVICE_HELP, DTYPE_HELP, DTYPES
+from bridges.runs.config import option
+
+LOSS_TYPES = ("grpo", "dr_grpo")
+STRATEGIES = ("ddp", "fsdp")
+TINY_LR, FULL_LR, LORA_LR = 1.5e-3, 1e-6, 1e-5  # learning-rate defaults (see TrainerConfig.learning_rate)
+ENGINES = ("auto", "hf", "vllm")  # auto, or a name in bridges.runs.engines.ENGINES
+
+
+@dataclass
+class SamplingConfig:
+    max_tokens: int | None = option(
+        None, ge=1, help="tokens per model turn; None: the environment's own sampling_args"
+    )
+    temperature: float = option(
+        1.0, gt=0.0, help="sampling temperature (> 0: training needs the sampler's logprobs)"
+    )
+    top_p: float = option(1.0, gt=0.0, le=1.0, help="nucleus sampling mass")
+
+
+@dataclass
+class TrainerConfig:
+    # schedule
+    max_steps: int = option(250, ge=1, help="optimizer steps")
+    batch_size: int = option(16, ge=1, help="prompts (groups) per optimizer step")
+    group_size: int = option(16, ge=2, help="rollouts per prompt (group-relative advantages need at least 2)")
+    # optimisation
+    learning_rate: float | None = option(
+        None, gt=0.0, help=f"peak learning rate; None: {TINY_LR} for the built-in tiny models, {FULL_LR} for full "
+        f"fine-tuning and {LORA_LR} for LoRA of any other model",
+    )  # fmt: skip
+    warmup_steps: int = option(0, ge=0, help="linear warmup steps")
+    weight_decay: float = option(0.0, ge=0.0, help="AdamW weight decay")
+    max_grad_norm: float = option(1.0, gt=0.0, help="gradient clipping norm")
+    grad_accum_steps: int = option(1, ge=1, help="micro-batches per optimizer step")
+    # objective
+    loss: str = option(
+        "grpo",
+        choices=LOSS_TYPES,
+        help="grpo: (r - mean) / std; dr_grpo: r - mean, constant-length normaliser",
+    )
+    epsilon: float = option(0.2, gt=0.0, help="PPO clip range (low side)")
+    epsilon_high: float | None = option(None, gt=0.0, help="PPO clip range (high side); None: epsilon")
+    ratio_cap: float | None = option(
+        4.0, gt=1.0, help="truncation of the importance ratio against the sampler"
+    )
+    beta: float = option(0.0, ge=0.0, help="KL to a frozen reference model; 0 = no reference model")
+    max_completion_length: int = option(512, ge=1, help="per-sample token budget after the prompt")
+    # asynchrony: generation of step k+1 overlaps training on step k
+    num_batches_ahead: int = option(1, ge=0, help="batches generated ahead of the one being trained on")
+    max_concurrent: int = option(256, ge=1, help="rollouts in flight")
+    rollout_process: bool = option(
+        False, help="hf engine: roll out in a child process, so generation overlaps training"
+    )
+    # hardware: bridges.models.hardware resolves device and dtype; several processes split each step's groups
+    device: str = option("auto", help=DEVICE_HELP)
+    dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)
+    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    logprob_chunk_tokens: int = option(
+        256, ge=1, help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)"
+    )
+    num_processes: int = option(
+        1, ge=1, help="training processes (one per GPU); >1 starts them, each rolling out and training its share "
+        "of every step's groups",
+    )  # fmt: skip
+    strategy: str = option(
+        "ddp", choices=STRATEGIES, help="with several processes: ddp (replicas, gradients all-reduced) or fsdp "
+        "(FSDP2: parameters, gradients and optimizer state sharded, like ZeRO-3)",
+    )  # fmt: skip
+    # parameter-efficient training
+    lora_rank: int = option(0, ge=0, help="LoRA rank; 0 = full fine-tuning")
+    lora_alpha: int = option(32, ge=1, help="LoRA alpha")
+    lora_dropout: float = option(0.0, ge=0.0, le=0.99, help="LoRA dropout")
+    lora_target_modules: list[str] = option(
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="modules LoRA adapts"
+    )
+
+
+def learning_rate(t: TrainerConfig, model: str, *, lora: bool) -> float:
+    """``trainer.learning_rate``, or the default for ``model``: the embedded tiny models learn the default
+    task fast at 1.5e-3, which would wreck a real checkpoint within a few steps."""
+    from bridges.models.tiny import is_builtin_model
+
+    if t.learning_rate is not None:
+        return float(t.learning_rate)
+    if is_builtin_model(model):
+        return TINY_LR
+    return LORA_LR if lora else FULL_LR
+
+
+def completion_budget(config: TrainConfig, env: Any) -> int:
+    """Tokens a rollout may sample in all, for trainers that size their buffers by it (TRL's
+    ``max_completion_length``, verl's ``max_response_length``): the sampling cap, else a single-turn
+    environment's own cap, else ``trainer.max_completion_length``."""
+    from bridges.envs.singleturn import SingleTurnEnv
+
+    if config.sampling.max_tokens is not None:
+        return int(config.sampling.max_tokens)
+    env_cap = (env.sampling_args or {}).get("max_tokens")
+    if env_cap is not None and isinstance(env, SingleTurnEnv):
+        return int(env_cap)
+    return int(config.trainer.max_completion_length)
+
+
+def rollout_sampling_args(config: TrainConfig, env_defaults: dict[str, Any] | None) -> dict[str, Any]:
+    """The sampling arguments of training rollouts: the environment's defaults, then the shared keys."""
+    args: dict[str, Any] = {**(env_defaults or {})}
+    if config.sampling.max_tokens is not None:
+        args["max_tokens"] = config.sampling.max_tokens
+    args.update(temperature=config.sampling.temperature, top_p=config.sampling.top_p)
+    return args
+
+
+def shared_keys() -> frozenset[str]:
+    """Every ``trainer.*`` and ``sampling.*`` key: what a backend declares it honours (``SHARED_KEYS``)."""
+    return frozenset(
+        [f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)]
+        + [f"sampling.{f.name}" for f in dataclasses.fields(SamplingConfig)]
+    )
+
+
+def refuse_ignored_keys(config: TrainConfig, honoured: frozenset[str]) -> None:
+    """A shared key set away from its default that the chosen backend never reads is refused: a run that
+    silently ignores ``trainer.beta=0.1`` is not the experiment its command line describes."""
+    from bridges.runtime.errors import ConfigError
+
+    for section in ("trainer", "sampling"):
+        ignored = ignored_key(getattr(config, section), section, honoured)
+        if ignored is not None:
+            raise ConfigError(
+                f"backend={config.backend} does not use {ignored[0]} (set to {ignored[1]}); remove it, or pass "
+                f"the backend's own setting in its {config.backend}.* section."
+            )
+
+
+def ignored_key(values: Any, section: str, honoured: frozenset[str]) -> tuple[str, Any] | None:
+    """The first ``<section>.<key>`` of the dataclass ``values`` set away from its default but not in
+    ``honoured``, with its value; None when every changed key is honoured."""
+    default = type(values)()
+    for f in dataclasses.fields(default):
+        key, value = f"{section}.{f.name}", getattr(values, f.name)
+        if key not in honoured and value != getattr(default, f.name):
+            return key, value
+    return None
+
+
+def lora_config(t: TrainerConfig) -> Any:
+    """The peft ``LoraConfig`` for ``t`` (None for full fine-tuning); every backend that trains LoRA uses it."""
+    if t.lora_rank <= 0:
+        return None
+    from bridges.runtime.errors import require_extra
+
+    peft = require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
+    return peft.LoraConfig(
+        r=t.lora_rank,
+        lora_alpha=t.lora_alpha,
+        lora_dropout=t.lora_dropout,
+        target_modules=list(t.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+@dataclass
+class TrainConfig:
+    backend: str = option(
+        "grpo", help="grpo | trl | verl | tinker, or one registered by an installed package"
+    )
+    env: str = option("repeat_letter", help="environment id: bundled, entry point, module, or vf:<module>")
+    env_args: dict[str, Any] = option(
+        factory=dict, help="keyword arguments of the environment's load_environment"
+    )
+    model: str = option("tiny", help="'tiny' (built locally), a local checkpoint folder or a hub id")
+    engine: str = option("auto", choices=ENGINES, help="auto: vllm when a GPU and vllm are present, else hf")
+    run_name: str | None = option(None, help="the run's folder under output_dir; default <backend>-<env>")
+    output_dir: str = option("runs", help="where run folders are written")
+    seed: int = option(0, ge=0, help="seed of data order, sampling and initialisation")
+    resume: bool = option(
+        False, help="continue the run in <output_dir>/<run_name> from its newest intact checkpoint"
+    )
+    overwrite: bool = option(False, help="replace the run already in <output_dir>/<run_name>")
+    save_every: int = option(0, ge=0, help="steps between checkpoints; 0 = only at the end")
+    keep_checkpoints: int = option(2, ge=0, help="newest checkpoints kept; 0 = keep all")
+    report_to: str = option("none", choices=("none", "wandb"), help="where metrics go besides metrics.jsonl")
+    progress: bool = option(True, help="a progress bar (else one line per step)")
+    dry_run: bool = option(
+        False, help="validate everything, print the resolved config (and backend command), exit"
+    )
+    sampling: SamplingConfig = option(factory=SamplingConfig, help="sampling of training rollouts")
+    trainer: TrainerConfig = option(factory=TrainerConfig, help="the shared training keys")
+    # native backend sections, passed through untouched
+    trl: dict[str, Any] = option(factory=dict, help="GRPOConfig fields for backend=trl")
+    verl: dict[str, Any] = option(factory=dict, help="hydra overrides for backend=verl")
+    tinker: dict[str, Any] = option(factory=dict, help="options of backend=tinker")
+    vllm: dict[str, Any] = option(factory=dict, help="vLLM engine arguments")
+
+    @property
+    def resolved_learning_rate(self) -> float:
+        return learning_rate(self.trainer, self.model, lora=self.trainer.lora_rank > 0)
+
+    @property
+    def resolved_run_name(self) -> str:
+        if self.run_name:
+            return self.run_name
+        return re.sub(r"[^A-Za-z0-9._+-]+|\.\.+", "-", f"{self.backend}-{self.env}").strip("-.")

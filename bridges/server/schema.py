@@ -1,0 +1,182 @@
+"""The OpenAPI document ``bridges.serve`` publishes at ``/openapi.json``.
+
+Written by hand rather than generated: the server takes the OpenAI wire format, whose request
+bodies are open (unknown keys travel as vLLM-style extras and are refused by name), so the schema
+states what a well-formed request is and what every error looks like. It is also the input of the
+property-based fuzz test (schemathesis), which sends thousands of schema-shaped and malformed
+requests and requires that none is answered with a server error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridges.envs.types import MAX_TOP_LOGPROBS
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
+        "name": {"type": "string"},
+        "tool_call_id": {"type": "string"},
+        "tool_calls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "type", "function"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {
+                        "type": "object",
+                        "required": ["name", "arguments"],
+                        "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def _sampling(max_n: int) -> dict[str, Any]:
+    return {
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "n": {"type": "integer", "minimum": 1, "maximum": max_n},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "seed": {"type": "integer"},
+        "stop": {
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}}]
+        },
+        "top_k": {"type": "integer", "minimum": -1},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    }
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _responses(ok: str) -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": _ERROR}}}
+    return {
+        "200": {
+            "description": ok,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},  # stream=true
+            },
+        },
+        "400": {"description": "a request the server refuses, with the field named", **error},
+        "401": {"description": "missing or wrong API key", **error},
+        "404": {"description": "unknown model or path", **error},
+        "413": {"description": "the body is larger than max_body_bytes", **error},
+    }
+
+
+def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chat and the completion request schemas."""
+    model = {"type": "string", "enum": list(model_names)}
+    chat = {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": model,
+            "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
+            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "logprobs": {"type": "boolean"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            "tool_choice": {
+                "oneOf": [
+                    {"type": "string", "enum": ["auto", "none", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "function"],
+                        "properties": {
+                            "type": {"type": "string", "enum": ["function"]},
+                            "function": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}},
+                            },
+                        },
+                    },
+                ]
+            },
+            "return_drift": {"type": "boolean"},
+            **_sampling(max_n),
+        },
+    }
+    token_ids = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    completion = {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": model,
+            "prompt": {"oneOf": [{"type": "string"}, token_ids]},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+            **_sampling(max_n),
+        },
+    }
+    return chat, completion
+
+
+def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of every endpoint the server answers."""
+    chat, completion = _request_bodies(model_names, max_n)
+
+    def post(operation: str, body: dict[str, Any], answer: str) -> dict[str, Any]:
+        return {
+            "post": {
+                "operationId": operation,
+                "requestBody": _json_body(body),
+                "responses": _responses(answer),
+            }
+        }
+
+    model_parameter = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "rl-bridges engine server", "version": "0.1.0"},
+        "paths": {
+            "/v1/chat/completions": post("chat", chat, "a chat completion"),
+            "/v1/completions": post("completions", completion, "a text completion"),
+            "/v1/models": {
+                "get": {"operationId": "models", "responses": _responses("the served model names")}
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "operationId": "model",
+                    "parameters": [model_parameter],
+                    "responses": _responses("one served model"),
+                }
+            },
+            "/health": {"get": {"operationId": "health", "responses": _responses("the server is up")}},
+        },
+    }
