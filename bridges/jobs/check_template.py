@@ -76,6 +76,7 @@ def run_check(model: str, family: str = "auto", tool_parser: str = "auto") -> Te
 
 
 def check(config: CheckConfig) -> int:
+    """Print (and optionally save) the template report; exit 1 when training on the template is unsafe."""
     if config.report is not None and not Path(config.report).expanduser().resolve().parent.is_dir():
         raise ConfigError(f"report={config.report!r}: its folder does not exist.")
     report = run_check(config.model, config.family, config.tool_parser)

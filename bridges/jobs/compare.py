@@ -188,6 +188,7 @@ def read_curves(runs: list[str]) -> tuple[dict[str, list[tuple[int, float]]], st
 
 
 def compare(config: CompareConfig) -> int:
+    """Evaluate each backend on the same rows and seeds, read the training curves, write the report."""
     from datasets import Dataset
 
     from bridges.envs.registry import load_environment

@@ -243,7 +243,8 @@ def _resume(output: Path, dataset: Any, rollouts_per_example: int) -> tuple[list
 
 
 def evaluate(config: EvalConfig) -> int:
-    """Run an evaluation from ``key=value`` arguments (``sys.argv`` when None); returns the exit code."""
+    """Evaluate, resuming what ``output`` already holds; every check runs before a model loads or the
+    folder is written. Returns the exit code."""
     output = Path(config.output) if config.output else default_output(config.env, config.model)
     validate(config, output)
     identity = {"env": config.env, "env_args": config.env_args, "model": config.model,

@@ -26,6 +26,7 @@ class ExportConfig:
 
 
 def export_rows(config: ExportConfig) -> int:
+    """Filter saved rollouts into an SFT dataset, written atomically (a failed write leaves no half folder)."""
     from bridges.workflows.sft_data import ExportFilter, read_records, sft_rows
 
     if not config.rollouts or not config.output:

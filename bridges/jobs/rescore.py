@@ -52,6 +52,7 @@ async def rescore(records: list[dict[str, Any]], env: Any) -> list[dict[str, Any
 
 
 def rescore_traces(config: RescoreConfig) -> int:
+    """Score saved episodes again with the environment's current rubric; write before/after side by side."""
     from bridges.envs.registry import load_environment
     from bridges.workflows.traces import read_traces
 

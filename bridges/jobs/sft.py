@@ -82,6 +82,7 @@ def _check_dataset(path: Path) -> None:
 
 
 def fine_tune(config: SFTRunConfig) -> int:
+    """Check everything that needs no model, then train through TRL's SFTTrainer."""
     run_dir = validate(config)
     from bridges.adapters.trl.sft import run_sft
 
