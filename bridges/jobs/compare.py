@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,48 +89,39 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
         verl_engine = VerlServerEngine(manager, tokenizer, base_sampling_params=base, response_length=1 << 30)
         yield EngineClient(verl_engine, model_name=config.model), "verl hf rollout"
     else:
-        client, label, close = await _tinker_client(config, model_path)
-        try:
+        async with _tinker_client(config, model_path) as (client, label):
             yield client, label
-        finally:
-            close()
 
 
-async def _tinker_client(config: CompareConfig, model_path: str) -> tuple[Any, str, Any]:
+@contextlib.asynccontextmanager
+async def _tinker_client(config: CompareConfig, model_path: str) -> AsyncIterator[tuple[Any, str]]:
+    """An ``EngineClient`` over a Tinker sampler (a local server started for it when asked). The
+    session is finished before its server stops, while the server still answers."""
     import os
 
     from transformers import AutoTokenizer
 
     from bridges.runtime.errors import require_extra
 
-    tinker = require_extra("tinker", "tinker", "comparing backend tinker")
+    require_extra("tinker", "tinker", "comparing backend tinker")
 
     from bridges.adapters.tinker.engine import TinkerEngine
-    from bridges.adapters.tinker.session import close_service
+    from bridges.adapters.tinker.session import open_service
     from bridges.client import EngineClient
 
     os.environ.setdefault("TINKER_TELEMETRY", "0")
-    server, base_url, base_model = None, config.tinker_base_url, config.model
-    if base_url == "local":
-        from bridges.adapters.tinker.server import start_local_server
+    base_url, label = config.tinker_base_url, f"tinker ({config.tinker_base_url})"
+    with contextlib.ExitStack() as stack:
+        if base_url == "local":
+            from bridges.adapters.tinker.server import start_local_server
 
-        server = start_local_server(model_path, Path(config.output) / "tinker", model_name=config.model)
-        base_url = server.url
-    service = tinker.ServiceClient(base_url=base_url)
-
-    def close() -> None:  # the session first, while its server still answers
-        close_service(service)
-        if server is not None:
-            server.close()
-
-    try:
-        sampler = await service.create_sampling_client(base_model=base_model)
+            server = start_local_server(model_path, Path(config.output) / "tinker", model_name=config.model)
+            stack.callback(server.close)
+            base_url, label = server.url, "tinker (local server)"
+        service = stack.enter_context(open_service(base_url))
+        sampler = await service.create_sampling_client(base_model=config.model)
         engine = TinkerEngine(sampler, AutoTokenizer.from_pretrained(model_path))
-    except BaseException:
-        close()
-        raise
-    label = "tinker (local server)" if server is not None else f"tinker ({base_url})"
-    return EngineClient(engine, model_name=config.model), label, close
+        yield EngineClient(engine, model_name=config.model), label
 
 
 async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_path: str) -> BackendResult:
