@@ -1,4 +1,4 @@
-"""Environments written for verifiers 0.1.8–0.3.x, run unchanged on every rl-bridges backend.
+"""Environments written for verifiers' legacy API (0.1.8–0.3.x), run unchanged on every rl-bridges backend.
 
 ``load_environment("vf:<module>", **kwargs)`` (or any module whose ``load_environment`` returns a
 verifiers environment) builds the environment with the real ``verifiers`` package and wraps it in
@@ -14,7 +14,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from bridges.adapters.verifiers.support import SUPPORTED_RANGE, require_verifiers, version_tuple
+from bridges.adapters.verifiers.support import (
+    FIRST_V1_ONLY,
+    LEGACY_RANGE,
+    SUPPORTED_RANGE,
+    installed_version,
+    legacy_refusal,
+    require_legacy_api,
+    require_verifiers,
+    version_tuple,
+)
 from bridges.runtime.errors import ConfigError
 
 
@@ -32,13 +41,13 @@ def wrap(
     """A verifiers environment as ours; ``reward_timeout`` bounds each of its reward function calls."""
     from bridges.adapters.verifiers.environment import VerifiersEnvironment
 
-    require_verifiers()
+    require_legacy_api()
     return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args, reward_timeout=reward_timeout)
 
 
 def load_vf_environment(module: str, **kwargs: Any) -> Any:
     """``module.load_environment(**kwargs)`` with verifiers checked first, wrapped."""
-    require_verifiers()
+    require_legacy_api()
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -56,7 +65,12 @@ def load_vf_environment(module: str, **kwargs: Any) -> Any:
 
 
 __all__ = [
+    "FIRST_V1_ONLY",
+    "LEGACY_RANGE",
+    "installed_version",
+    "legacy_refusal",
     "SUPPORTED_RANGE",
+    "require_legacy_api",
     "version_tuple",
     "is_verifiers_environment",
     "load_vf_environment",

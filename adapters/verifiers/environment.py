@@ -81,6 +81,11 @@ class VerifiersRubric:
 
 
 class VerifiersEnvironment(Environment):
+    rescore_refusal = (
+        "bridges.rescore cannot score traces of a verifiers environment again: its rubric reads the "
+        "live verifiers state of each rollout, which a trace does not keep; run bridges.eval instead."
+    )
+
     def __init__(
         self,
         vf_env: Any,
@@ -150,7 +155,10 @@ class VerifiersEnvironment(Environment):
                 state.stop_reason = _STOP_REASONS.get(stop, stop) or StopReason.COMPLETED.value
         except Exception as exc:  # verifiers records its own errors; this is a bug outside its loop
             state.stop_reason, state.error = StopReason.ENV_ERROR.value, f"{type(exc).__name__}: {exc}"
-        state.metrics["num_turns"] = float(len(state.turns))
+        # the model's replies, counted from the messages: an engine that returns no token ids
+        # (engine=openai) records no turns, but the replies happened
+        replies = sum(1 for m in state.completion if m.get("role") == "assistant")
+        state.metrics["num_turns"] = float(max(len(state.turns), replies))
         drift = getattr(client, "measure_drift", None)
         if drift is not None and state.turns and not state.errored:
             measured = drift(state.messages)

@@ -207,6 +207,10 @@ def _token_counts(state: State) -> tuple[int, int]:
 class Environment:
     """Datasets, a rubric, a parser and sampling defaults; ``rollout`` is implemented by subclasses."""
 
+    # why saved traces of this environment cannot be scored again (``bridges.rescore``), or None when
+    # its rubric needs only what a trace keeps (prompt, completion, answer, info, task)
+    rescore_refusal: str | None = None
+
     def __init__(
         self,
         dataset: DatasetLike | None = None,

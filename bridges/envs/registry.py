@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from bridges.runtime.errors import EnvironmentNotFoundError
+from bridges.runtime.errors import ConfigError, EnvironmentNotFoundError
 
 ENTRY_POINT_GROUP = "rl_bridges.environments"
 BUNDLED_PACKAGE = "bridges.environments"
@@ -47,8 +47,26 @@ def list_bundled_environments() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(paths) if not m.name.startswith("_"))
 
 
+def _v1_taskset_in(module: ModuleType) -> str | None:
+    """The name of a verifiers v1 ``Taskset`` subclass the module exports, found without importing verifiers."""
+    for name in getattr(module, "__all__", None) or dir(module):
+        obj = getattr(module, name, None)
+        if isinstance(obj, type) and any(
+            c.__name__ == "Taskset" and c.__module__.startswith("verifiers.v1") for c in obj.__mro__[1:]
+        ):
+            return name
+    return None
+
+
 def _loader_from(obj: Any, where: str) -> Callable[..., Any]:
     loader = getattr(obj, "load_environment", None) if isinstance(obj, ModuleType) else obj
+    taskset = _v1_taskset_in(obj) if isinstance(obj, ModuleType) and not callable(loader) else None
+    if taskset is not None:
+        raise EnvironmentNotFoundError(
+            f"{where} is a verifiers v1 taskset ({taskset}); rl-bridges runs environments written for "
+            f"verifiers' legacy API (a load_environment returning vf.SingleTurnEnv, vf.MultiTurnEnv, ...) "
+            f"and its own, not v1 tasksets yet."
+        )
     if not callable(loader):
         raise EnvironmentNotFoundError(
             f"{where} was found but does not define a callable load_environment(**kwargs)."
@@ -103,7 +121,13 @@ def load_environment(env_id: str, **kwargs: Any) -> Any:
         return importlib.import_module(VERIFIERS_ADAPTER).load_vf_environment(
             env_id.removeprefix(VERIFIERS_PREFIX), **kwargs
         )
-    env = find_loader(env_id)(**kwargs)
+    try:
+        env = find_loader(env_id)(**kwargs)
+    except (AttributeError, ImportError) as exc:
+        refusal = _legacy_verifiers_name_missing(exc)
+        if refusal:
+            raise ConfigError(refusal) from exc
+        raise
     if any(cls.__module__.split(".")[0] == "verifiers" for cls in type(env).__mro__):
         env = importlib.import_module(VERIFIERS_ADAPTER).wrap(env, env_id=env_id, env_args=dict(kwargs))
     with contextlib.suppress(AttributeError):  # an object that refuses attributes is still returned
@@ -112,3 +136,20 @@ def load_environment(env_id: str, **kwargs: Any) -> Any:
         if not getattr(env, "env_args", None):
             env.env_args = dict(kwargs)
     return env
+
+
+def _legacy_verifiers_name_missing(exc: AttributeError | ImportError) -> str | None:
+    """The sentence for a legacy environment that reached for ``vf.SingleTurnEnv`` & co. under a verifiers
+    without them (0.4+), or None for any other failure."""
+    if isinstance(exc, AttributeError):
+        owner = getattr(exc, "obj", None)
+        named = str(exc).startswith("module 'verifiers' has no attribute")
+        from_verifiers = named or (isinstance(owner, ModuleType) and owner.__name__ == "verifiers")
+    else:
+        from_verifiers = exc.name == "verifiers"
+    if not from_verifiers:
+        return None
+    support = importlib.import_module(VERIFIERS_ADAPTER)
+    version = support.installed_version(importlib.import_module("verifiers"))
+    v1_only = support.version_tuple(version) >= support.FIRST_V1_ONLY
+    return support.legacy_refusal(version) if v1_only else None

@@ -63,7 +63,13 @@ def rescore_traces(config: RescoreConfig) -> int:
     path = Path(config.traces)
     if not path.exists():
         raise ConfigError(f"traces file '{path}' does not exist.")
+    if config.env.startswith("vf:"):
+        from bridges.adapters.verifiers.environment import VerifiersEnvironment
+
+        raise ConfigError(VerifiersEnvironment.rescore_refusal or "")
     env = load_environment(config.env, **config.env_args)
+    if env.rescore_refusal:
+        raise ConfigError(env.rescore_refusal)
     records = list(read_traces(path))
     rescored = asyncio.run(rescore(records, env))
     output = Path(config.output) if config.output else path.with_suffix(".rescored.jsonl")

@@ -112,10 +112,44 @@ def test_a_verifiers_version_outside_the_range_is_one_sentence(monkeypatch: pyte
 
     from bridges.runtime.errors import ConfigError
 
-    monkeypatch.setattr(verifiers, "__version__", "0.4.0")
-    with pytest.raises(ConfigError, match=r"need 0\.1\.8-0\.3\.x") as info:
+    monkeypatch.setattr(verifiers, "__version__", "0.5.0")
+    with pytest.raises(ConfigError, match=r"supports verifiers 0\.1\.8-0\.4\.x") as info:
         load_environment("vf:vf_fixture_envs")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("env_id", ["vf:vf_fixture_envs", "vf_fixture_envs"])
+def test_rescore_refuses_verifiers_traces_in_one_sentence_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env_id: str
+):
+    from bridges.rescore import main as rescore_main
+    from bridges.runs.config import run_cli
+
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text(json.dumps({"example_id": 0, "prompt": [], "completion": []}) + "\n")
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(rescore_main, [f"traces={traces}", f"env={env_id}", "env_args={kind: single}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # a bare module is built first (datasets' bar)
+    assert err.startswith("error: bridges.rescore cannot score traces of a verifiers environment again")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traces.jsonl"]
+
+
+async def test_turns_are_counted_from_the_replies_when_the_engine_returns_no_ids(client: Any):
+    """engine=openai: a plain OpenAI client against an endpoint records no token ids, yet the turns happened."""
+    import openai
+
+    from bridges.server.app import serve_in_thread
+    from bridges.workflows.rollouts import run_group
+
+    env = load_environment("vf:vf_fixture_envs", kind="multi")
+    with serve_in_thread(client) as server:
+        plain = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused")
+        group = await run_group(env, dict(env.get_dataset()[0]), plain, 2, {"seed": 5}, model="tiny")
+        await plain.close()
+    for state in group.states:
+        assert state.turns == [] and state.stop_reason == "two_rounds"
+        assert state.metrics["num_turns"] == 3.0  # three assistant replies, as the token-exact run counts
 
 
 @pytest.mark.slow

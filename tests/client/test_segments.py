@@ -7,7 +7,7 @@ from typing import Any
 
 from tokenizers import AddedToken
 
-from bridges.client.segments import MIN_SEGMENTED_TEXT, SegmentEncoder, split_tokens
+from bridges.client.segments import MIN_SEGMENTED_TEXT, SegmentEncoder, overlapping, split_tokens
 
 
 def test_split_tokens_exclude_tokens_that_do_not_split_unconditionally():
@@ -23,6 +23,23 @@ def test_split_tokens_exclude_tokens_that_do_not_split_unconditionally():
     ]
     assert split_tokens(tokens) == ("<|im_start|>", "<|im_end|>")
     assert split_tokens(tokens, encode_special_tokens=True) == ()
+
+
+def _overlaps_pairwise(a: str, b: str) -> bool:
+    """The definition, pair by pair: one contains the other, or a proper suffix is a proper prefix."""
+    if a in b or b in a:
+        return True
+    return any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b))))
+
+
+def test_overlapping_equals_the_pairwise_definition_on_random_token_sets():
+    rng = random.Random(3)
+    for _ in range(300):
+        contents = {
+            "".join(rng.choice("<|>ab") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 12))
+        }
+        expected = {a for a in contents if any(b != a and _overlaps_pairwise(a, b) for b in contents)}
+        assert overlapping(contents) == expected, contents
 
 
 def test_segmented_encode_equals_backend_encode(tok: Any):

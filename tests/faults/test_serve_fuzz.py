@@ -19,7 +19,7 @@ from schemathesis import GenerationMode
 from bridges.server.app import ServeLimits, serve_in_thread
 
 # per endpoint: valid requests generate tokens (slower), malformed ones are refused in milliseconds
-MAX_EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 300}
+MAX_EXAMPLES = {GenerationMode.POSITIVE: 25, GenerationMode.NEGATIVE: 120}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def test_no_request_is_answered_with_a_server_error(served_schema: Any, mode: Ge
             deadline=None,
             suppress_health_check=list(HealthCheck),
             database=None,
+            derandomize=True,  # seeded: a failure reproduces on the next run
         )
         def one(case: Any) -> None:
             body = case.body
