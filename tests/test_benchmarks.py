@@ -18,19 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=600, check=False
-    )
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
 def _fields(line: str) -> dict[str, float]:
-    return {key: float(value) for key, value in re.findall(r"([\w.-]+)=([-\d.]+)", line)}  # qwen2.5-0.5b_mfu=…
+    return {
+        key: float(value) for key, value in re.findall(r"([\w.-]+)=([-\d.]+)", line)
+    }  # qwen2.5-0.5b_mfu=…
 
 
 def test_rollout_scale_prints_cpu_per_call_and_every_phase_claims_time():
-    out = _run(str(ROOT / "benchmarks/rollout_scale.py"), "--rollouts", "60", "--latency", "0.001", "--phases")
+    out = _run(
+        str(ROOT / "benchmarks/rollout_scale.py"), "--rollouts", "60", "--latency", "0.001", "--phases"
+    )
     last = _fields(out.strip().splitlines()[-1])
     assert last["rollouts"] == 60 and last["cpu_us_per_call"] > 0 and last["seconds"] > 0
     phases = dict(re.findall(r"^  (.+?)\s{2,}(-?[\d.]+) us", out, flags=re.M))
@@ -71,3 +73,25 @@ def test_trainer_memory_prints_its_ratios_at_a_small_shape():
     assert 0 < fields["logprob_chunked_ratio"] < 1 and fields["worst_floor_ratio"] == max(
         fields[f"{n}_ratio"] for n in ("full_fp32", "full_bf16", "lora_fp32", "lora_bf16")
     )
+
+
+def test_v1_rollouts_prints_its_figures_at_a_small_shape():
+    """Without uv on PATH (CI), verifiers' own path is n/a and said so; ours and the native task run."""
+    import os
+
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "uv").exists()
+        ),
+    }
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/v1_rollouts.py"), "--rollouts", "8", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=600, check=False, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    fields = _fields(last)
+    assert (
+        fields["bridges_rollouts_per_s"] > 0
+        and fields["native_rollouts_per_s"] > fields["bridges_rollouts_per_s"]
+    )
+    assert "verifiers_rollouts_per_s=n/a ratio=n/a" in last

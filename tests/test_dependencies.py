@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 SOURCES = ["bridges", "adapters", "workflows", "environments"]
 EXTRA_FOLDERS = {f"adapters/{name}": name for name in ("trl", "verl", "tinker", "verifiers", "vllm")}
+# bundled environments written for a framework: each needs that framework's extra, and says so
+EXTRA_ENVIRONMENTS = {"repeat_letter_taskset": "verifiers"}
+EXTRA_FOLDERS |= {f"environments/{name}.py": extra for name, extra in EXTRA_ENVIRONMENTS.items()}
 
 
 def canonical(name: str) -> str:
@@ -76,7 +79,9 @@ def test_every_third_party_import_is_declared():
     for folder in SOURCES:
         for path in sorted((REPO / folder).rglob("*.py")):
             relative = str(path.relative_to(REPO))
-            extra = next((e for f, e in EXTRA_FOLDERS.items() if relative.startswith(f + "/")), None)
+            extra = next(
+                (e for f, e in EXTRA_FOLDERS.items() if relative.startswith(f + "/") or relative == f), None
+            )
             allowed = BASE | (closure(EXTRAS[extra]) if extra else set())
             for name in third_party_imports(path):
                 dists = {canonical(d) for d in providers.get(name, [name])}
@@ -131,7 +136,12 @@ def test_every_module_imports_with_only_the_base_dependencies():
     failed = {name: outcome for name, outcome in results.items() if outcome.startswith("FAILED")}
     assert not failed, json.dumps(failed, indent=1)
     for name, outcome in results.items():
-        if outcome.startswith("extra"):  # only an adapter may need its extra, and it names it
+        if outcome.startswith(
+            "extra"
+        ):  # only an adapter (or a framework's environment) needs its extra, named
+            if name.startswith("bridges.environments."):
+                assert f"rl-bridges[{EXTRA_ENVIRONMENTS[name.split('.')[2]]}]" in outcome, (name, outcome)
+                continue
             backend = name.split(".")[2]
             assert name.startswith("bridges.adapters.") and f"rl-bridges[{backend}]" in outcome, (
                 name,

@@ -45,6 +45,13 @@ def wrap(
     return VerifiersEnvironment(vf_env, env_id=env_id, env_args=env_args, reward_timeout=reward_timeout)
 
 
+def load_v1_environment(module: Any, **env_args: Any) -> Any:
+    """The verifiers v1 taskset ``module`` exports, as ours (``v1_load``); ``env_args`` is its ``EnvConfig``."""
+    from bridges.adapters.verifiers.v1_load import load_v1_environment as load
+
+    return load(module, **env_args)
+
+
 def load_vf_environment(module: str, **kwargs: Any) -> Any:
     """``module.load_environment(**kwargs)`` with verifiers checked first, wrapped."""
     require_legacy_api()
@@ -73,6 +80,7 @@ __all__ = [
     "require_legacy_api",
     "version_tuple",
     "is_verifiers_environment",
+    "load_v1_environment",
     "load_vf_environment",
     "require_verifiers",
     "wrap",

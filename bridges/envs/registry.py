@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from bridges.runtime.errors import ConfigError, EnvironmentNotFoundError
+from bridges.runtime.errors import ConfigError, EnvironmentNotFoundError, require_extra
 
 ENTRY_POINT_GROUP = "rl_bridges.environments"
 BUNDLED_PACKAGE = "bridges.environments"
@@ -34,7 +36,18 @@ def _import_if_exists(name: str) -> ModuleType | None:
         missing = exc.name or ""
         if missing and (name == missing or name.startswith(missing + ".")):
             return None
+        if missing.split(".")[0] == "verifiers":  # an environment written for verifiers, without it
+            require_extra("verifiers", "verifiers", f"the environment module '{name}'")
         raise
+
+
+def _builtin_v1_taskset(name: str) -> ModuleType | None:
+    """``verifiers.v1.tasksets.<name>`` when verifiers (0.3+) is installed and ships it."""
+    try:
+        found = importlib.util.find_spec(f"verifiers.v1.tasksets.{name}")
+    except (ImportError, ValueError):
+        return None
+    return importlib.import_module(found.name) if found is not None else None
 
 
 def list_bundled_environments() -> list[str]:
@@ -60,13 +73,9 @@ def _v1_taskset_in(module: ModuleType) -> str | None:
 
 def _loader_from(obj: Any, where: str) -> Callable[..., Any]:
     loader = getattr(obj, "load_environment", None) if isinstance(obj, ModuleType) else obj
-    taskset = _v1_taskset_in(obj) if isinstance(obj, ModuleType) and not callable(loader) else None
-    if taskset is not None:
-        raise EnvironmentNotFoundError(
-            f"{where} is a verifiers v1 taskset ({taskset}); rl-bridges runs environments written for "
-            f"verifiers' legacy API (a load_environment returning vf.SingleTurnEnv, vf.MultiTurnEnv, ...) "
-            f"and its own, not v1 tasksets yet."
-        )
+    if isinstance(obj, ModuleType) and not callable(loader) and _v1_taskset_in(obj) is not None:
+        v1_loader: Callable[..., Any] = importlib.import_module(VERIFIERS_ADAPTER).load_v1_environment
+        return functools.partial(v1_loader, obj)
     if not callable(loader):
         raise EnvironmentNotFoundError(
             f"{where} was found but does not define a callable load_environment(**kwargs)."
@@ -97,6 +106,10 @@ def find_loader(env_id: str) -> Callable[..., Any]:
         module = _import_if_exists(module_name)
         if module is not None:
             return _loader_from(module, f"the module '{module_name}'")
+    if module_name.isidentifier():  # verifiers' own tasksets (looked up last: it imports verifiers.v1)
+        module = _builtin_v1_taskset(module_name.lower())
+        if module is not None:
+            return _loader_from(module, f"the verifiers v1 taskset '{module.__name__}'")
     names = list_bundled_environments()
     bundled = ", ".join(names) or "none"
     close = difflib.get_close_matches(module_name, names, n=1, cutoff=0.5)

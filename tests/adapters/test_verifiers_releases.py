@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bridges.envs.registry import load_environment
-from bridges.runtime.errors import ConfigError, EnvironmentNotFoundError
+from bridges.runtime.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -50,14 +50,6 @@ def test_a_legacy_environment_under_a_v1_only_verifiers_names_the_release_it_nee
     message = str(info.value)
     assert f"verifiers {verifiers.__version__} is installed, which ships only the v1 API" in message
     assert "pip install 'verifiers>=0.1.8,<0.4'" in message and "\n" not in message
-
-
-def test_a_v1_taskset_module_is_named_as_one_not_as_a_module_without_a_loader():
-    with pytest.raises(EnvironmentNotFoundError) as info:
-        load_environment("vf-v1-fixture-taskset")  # hub-style id, normalised as verifiers does
-    message = str(info.value)
-    assert "'vf_v1_fixture_taskset' is a verifiers v1 taskset (EchoTaskset)" in message
-    assert "does not define a callable load_environment" not in message and "\n" not in message
 
 
 def test_the_installed_pair_is_one_the_extra_admits():

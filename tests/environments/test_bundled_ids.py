@@ -5,12 +5,13 @@ import pytest
 import bridges
 
 BUNDLED = ["alphabet_sort", "arithmetic", "guess_number", "repeat_letter", "reverse_text"]
+V1_TASKSETS = ["repeat_letter_taskset"]  # verifiers v1 tasksets (tests/adapters/test_verifiers_v1.py)
 
 
 def test_every_bundled_module_is_listed() -> None:
     from bridges.envs.registry import list_bundled_environments
 
-    assert list_bundled_environments() == BUNDLED
+    assert list_bundled_environments() == sorted(BUNDLED + V1_TASKSETS)
 
 
 @pytest.mark.parametrize("env_id", BUNDLED)

@@ -1,0 +1,127 @@
+"""From ``env=<id>`` to a verifiers v1 ``Env`` that rl-bridges can run, or one sentence why not.
+
+The id is resolved as verifiers resolves it (``verifiers.v1.tasksets.<m>``, else module ``<m>``; one
+exported ``Taskset``, optionally an ``Env`` and a ``Harness``). ``env_args`` is the run's ``EnvConfig``
+in verifiers' own shape — ``{taskset: {...}, agent: {harness: {...}, runtime: {...}}, timeout: ...}`` —
+validated by the environment's own pydantic models. The environment's defaults stand, except what
+this process runs itself: an agent whose harness is verifiers' ``null`` runs in-process (``v1_seat``),
+so it needs no runtime. An agent on any other harness (``bash`` by default, in a remote sandbox) would
+need what a training run here does not have, and is refused naming the setting that changes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from types import ModuleType
+from typing import Any
+
+from bridges.adapters.verifiers.support import require_verifiers, version_tuple
+from bridges.runtime.errors import ConfigError
+
+
+def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
+    """A ``V1Environment`` for the taskset ``module`` exports, with ``env_args`` as its ``EnvConfig``."""
+    taskset_id = module.__name__.rsplit(".", 1)[-1]
+    vf = require_verifiers()
+    if version_tuple(str(vf.__version__)) < (0, 3):
+        raise ConfigError(
+            f"'{taskset_id}' is a verifiers v1 taskset, and verifiers {vf.__version__} has no v1 API: "
+            "pip install 'verifiers>=0.3,<0.5'."
+        )
+    from bridges.adapters.verifiers.v1_environment import V1Environment
+    from bridges.adapters.verifiers.v1_seat import register
+
+    register()
+    # verifiers imports a taskset by its last name only: one inside a package (a bundled one) is
+    # made visible where verifiers looks, as verifiers' own tasksets are
+    if module.__name__ != taskset_id:
+        for kind in ("tasksets", "harnesses", "envs"):  # it may export its own harness and Env too
+            sys.modules.setdefault(f"verifiers.v1.{kind}.{taskset_id}", module)
+    data = copy.deepcopy(env_args)
+    data["taskset"] = {**dict(data.get("taskset") or {}), "id": taskset_id}
+    config = _resolve(taskset_id, data)
+    for name, spec in _agents(config).items():
+        _seat(taskset_id, name, spec, data)
+    config = _resolve(taskset_id, data)
+    env = _construct(taskset_id, config)
+    _refuse_unsupported(taskset_id, env, config)
+    return V1Environment(env, taskset_id=taskset_id, env_args=env_args)
+
+
+def _resolve(taskset_id: str, data: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+    from verifiers.v1.utils.loaders import resolve_env_config
+
+    try:
+        return resolve_env_config(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "env_args"
+        raise ConfigError(
+            f"env_args.{where} of the verifiers v1 taskset '{taskset_id}': {first['msg']}."
+        ) from None
+    except (ImportError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' did not load: {_sentence(exc)}") from None
+
+
+def _agents(config: Any) -> dict[str, Any]:
+    """The env's agent seats: its ``AgentConfig`` fields, by name (how verifiers declares roles)."""
+    from verifiers.v1.configs.agent import AgentConfig
+
+    return {
+        name: value
+        for name in type(config).model_fields
+        if isinstance(value := getattr(config, name), AgentConfig)
+    }
+
+
+def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> None:
+    """Point an agent on the null harness at the in-process seat; refuse any other harness."""
+    from verifiers.v1.configs.env import default_agent_harness
+    from verifiers.v1.harnesses.null import NullHarness
+    from verifiers.v1.utils.loaders import harness_class
+
+    from bridges.adapters.verifiers.v1_seat import SEAT_ID
+
+    harness_id = spec.harness.id if spec.harness is not None else default_agent_harness(taskset_id).id
+    if harness_id == SEAT_ID or harness_class(harness_id) is NullHarness:
+        seat = dict(data.get(name) or {})
+        seat["harness"] = {"id": SEAT_ID}
+        seat["runtime"] = {"type": "subprocess"}  # the seat runs nothing in it: no sandbox is provisioned
+        data[name] = seat
+        return
+    raise ConfigError(
+        f"agent '{name}' of the verifiers v1 taskset '{taskset_id}' runs on the '{harness_id}' harness, a "
+        f"program in a sandbox runtime this run does not provide; rl-bridges runs agents on verifiers' "
+        f"null (chat) harness: set env_args.{name}.harness.id=null."
+    )
+
+
+def _construct(taskset_id: str, config: Any) -> Any:
+    from verifiers.v1.utils.loaders import load_environment
+
+    try:
+        return load_environment(config)
+    except Exception as exc:  # the taskset's own code, run at load
+        raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' did not load: {_sentence(exc)}") from None
+
+
+def _refuse_unsupported(taskset_id: str, env: Any, config: Any) -> None:
+    agents = list(_agents(config))
+    if len(agents) != 1:
+        raise ConfigError(
+            f"the verifiers v1 environment '{taskset_id}' declares {len(agents)} agents ({', '.join(agents)}); "
+            "rl-bridges runs single-agent v1 tasksets so far."
+        )
+    task_type = type(env.taskset).task_type()
+    if env.taskset.toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task):
+        raise ConfigError(
+            f"the verifiers v1 taskset '{taskset_id}' declares MCP toolsets; rl-bridges runs v1 tasksets "
+            "without toolsets so far."
+        )
+
+
+def _sentence(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"

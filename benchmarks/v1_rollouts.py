@@ -1,0 +1,104 @@
+"""verifiers v1 rollouts per second: through rl-bridges against verifiers' own evaluation path.
+
+    python benchmarks/v1_rollouts.py [--rollouts 64] [--repeats 3]
+
+One offline taskset (the bundled ``repeat_letter_taskset``, six-token replies) and one engine (the
+tiny model on the hf engine, ``EngineClient``), all rollouts in flight at once:
+- (a) verifiers' own evaluation path: its ``Env.serving``/``run_slot`` with the agent on its ``null``
+  harness as verifiers runs it — one program per rollout in the ``subprocess`` runtime (through ``uv``,
+  which must be on PATH with the package index reachable; the first rollout warms uv's cache and is
+  not timed) — its ``EvalClient`` calling the engine served by ``bridges.serve`` on loopback;
+- (b) rl-bridges: the same taskset through ``V1Environment`` (the seat in-process, our per-session
+  endpoint), token ids kept;
+- (c) the same task written natively (``repeat_letter``) on the same engine, for scale.
+Each figure is the median of ``--repeats`` runs in this process. Last line:
+``bridges_rollouts_per_s=<b> verifiers_rollouts_per_s=<a> ratio=<b/a> native_rollouts_per_s=<c>``
+(``verifiers_rollouts_per_s=n/a`` without uv). Goal: ratio ≥ 1; in-process seats several times faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import time
+from typing import Any
+
+
+async def ours(env: Any, client: Any, count: int) -> float:
+    from bridges.workflows.rollouts import run_group
+
+    rows = [dict(env.get_dataset()[i % 64]) for i in range(count)]
+    started = time.perf_counter()
+    groups = await asyncio.gather(
+        *[run_group(env, row, client, 1, {"seed": i}, model="tiny") for i, row in enumerate(rows)]
+    )
+    elapsed = time.perf_counter() - started
+    assert all(g.states[0].error is None for g in groups), [g.states[0].error for g in groups][:1]
+    return count / elapsed
+
+
+async def verifiers_own(base_url: str, count: int) -> float:
+    """verifiers' evaluation of the same taskset: its null harness program per rollout, its EvalClient."""
+    import sys
+
+    from verifiers.v1.clients import ModelContext
+    from verifiers.v1.configs.client import EvalClientConfig
+    from verifiers.v1.env import RunSlot
+    from verifiers.v1.utils.loaders import load_environment, resolve_env_config
+
+    from bridges.environments import repeat_letter_taskset
+
+    sys.modules.setdefault("verifiers.v1.tasksets.repeat_letter_taskset", repeat_letter_taskset)
+    config = resolve_env_config({"taskset": {"id": "repeat_letter_taskset"},
+                                 "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}})  # fmt: skip
+    env = load_environment(config)
+    tasks = list(env.taskset)
+    os.environ["BENCH_V1_KEY"] = "unused"
+    ctx = ModelContext("tiny", EvalClientConfig(base_url=base_url, api_key_var="BENCH_V1_KEY"))
+    async with env.serving():
+        warm = await env.run_slot(RunSlot(tasks[0]), ctx)  # uv resolves the program's packages once
+        assert warm.ok, warm.errors or warm.traces[0].errors
+        started = time.perf_counter()
+        episodes = await asyncio.gather(
+            *[env.run_slot(RunSlot(tasks[i % len(tasks)]), ctx) for i in range(count)]
+        )
+        elapsed = time.perf_counter() - started
+    assert all(e.ok for e in episodes), [e.errors or e.traces[0].errors for e in episodes if not e.ok][:1]
+    return count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from bridges.adapters.hf import HFEngine
+    from bridges.client import EngineClient
+    from bridges.envs.registry import load_environment
+    from bridges.models.tiny import tiny_model_path
+    from bridges.server.app import serve_in_thread
+
+    client = EngineClient(HFEngine.from_pretrained(str(tiny_model_path())), model_name="tiny")
+    v1, native = load_environment("repeat_letter_taskset"), load_environment("repeat_letter")
+    figures: dict[str, list[float]] = {"bridges": [], "verifiers": [], "native": []}
+    with serve_in_thread(client) as server:
+        for _ in range(args.repeats):
+            figures["bridges"].append(asyncio.run(ours(v1, client, args.rollouts)))
+            figures["native"].append(asyncio.run(ours(native, client, args.rollouts)))
+            if shutil.which("uv"):
+                figures["verifiers"].append(asyncio.run(verifiers_own(server.base_url, args.rollouts)))
+    for name, values in figures.items():
+        if values:
+            print(f"{name:10s} rollouts/s: " + ", ".join(f"{v:.1f}" for v in values), flush=True)
+    med = {k: statistics.median(v) if v else None for k, v in figures.items()}
+    vf = med["verifiers"]
+    ratio = f"{med['bridges'] / vf:.2f}" if vf else "n/a"
+    print(f"bridges_rollouts_per_s={med['bridges']:.1f} verifiers_rollouts_per_s={f'{vf:.1f}' if vf else 'n/a'} "
+          f"ratio={ratio} native_rollouts_per_s={med['native']:.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
