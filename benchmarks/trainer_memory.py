@@ -168,6 +168,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence (half of them completion)")
     parser.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_tokens (its default)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--schemes", default="full_fp32,full_bf16,lora_fp32,lora_bf16",
+                        help="which of the four to measure (a quick check measures fewer)")  # fmt: skip
     args = parser.parse_args()
     from bridges.models.family_models import build_architecture
     from bridges.models.hardware import resolve_device
@@ -181,6 +183,8 @@ def main() -> None:
         for lora in (False, True):
             for dtype in ("fp32", "bf16"):
                 name = f"{'lora' if lora else 'full'}_{dtype}"
+                if name not in args.schemes.split(","):
+                    continue
                 m = measure_step(model, dtype, lora, args)
                 figures[f"{name}_ratio"] = m["peak"] / m["floor"]
                 print(f"{name:10s} peak {m['peak'] / m['trained']:8.2f} B/trained param   floor "

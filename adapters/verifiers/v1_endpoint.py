@@ -57,8 +57,10 @@ class SessionEndpoint:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.calls.clear()  # a rollout cut short by its deadline never took its calls
         if self._runner is not None:
             await self._runner.cleanup()
+            self._runner = None
 
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web

@@ -82,7 +82,7 @@ class V1Environment(Environment):
             dataset=lambda: Dataset.from_list(rows),
             eval_dataset=lambda: Dataset.from_list(rows),
             rubric=V1Rubric(pairs),  # type: ignore[arg-type]
-            rollout_timeout=EPISODE_TIMEOUT,
+            rollout_timeout=_outer_bound(vf_env.config.timeout.episode),
             env_args=env_args,  # the id the user gave is recorded by the registry
         )
 
@@ -91,9 +91,9 @@ class V1Environment(Environment):
     ) -> State:
         started = time.perf_counter()
         state = self.init_state(row)
-        task = self.tasks[int(state.info["v1_task"])]
         args = self.merged_sampling_args(sampling_args)
         try:
+            task = self.tasks[int(state.info["v1_task"])]
             async with asyncio.timeout(self.rollout_timeout):
                 trace, responses = await self._episode(task, client, model, args)
             _fill(state, trace, responses)
@@ -189,6 +189,12 @@ class Serving:
             await stack.aclose()
             raise
         self._stack = stack
+
+
+def _outer_bound(episode_timeout: float | None) -> float:
+    """Our bound on one rollout: verifiers' own episode deadline (``env_args.timeout.episode``) plus a
+    minute for scoring, or ``EPISODE_TIMEOUT`` where verifiers sets none."""
+    return EPISODE_TIMEOUT if episode_timeout is None else float(episode_timeout) + 60.0
 
 
 def _row(index: int, task: Any) -> dict[str, Any]:

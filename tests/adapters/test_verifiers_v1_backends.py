@@ -84,3 +84,16 @@ def test_a_synchronous_grpo_run_is_the_native_tasks_run_step_for_step(tmp_path: 
         assert (b["reward/mean"], b["samples/trained"]) == (a["reward/mean"], a["samples/trained"])
         # sampled logprobs enter the loss; the engine's batch shapes (timing) move fp32 sums in the 7th digit
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+
+
+def test_bridges_compare_evaluates_a_v1_taskset_on_two_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from bridges.compare import main
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    argv = ["env=repeat_letter_taskset", "backends=[grpo,tinker]", "model=tiny", "num_examples=4",
+            f"output={tmp_path}", "progress=false"]  # fmt: skip
+    assert main(argv) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| grpo |" in report and "| tinker |" in report and "repeat_letter_taskset" in report
