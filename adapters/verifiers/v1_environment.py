@@ -98,10 +98,7 @@ class V1Environment(Environment):
                 trace, responses = await self._episode(task, client, model, args)
             _fill(state, trace, responses)
         except TimeoutError:
-            state.stop_reason = StopReason.TIMEOUT.value
-            state.error = (
-                f"TimeoutError: the episode did not finish within rollout_timeout={self.rollout_timeout} s."
-            )
+            self.mark_timed_out(state)
         except EpisodeFailed as failed:
             state.stop_reason = (StopReason.TIMEOUT if failed.timed_out else StopReason.ENV_ERROR).value
             state.error = str(failed)

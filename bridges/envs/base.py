@@ -358,6 +358,13 @@ class Environment:
             row={k: v for k, v in row.items() if k not in CORE_COLUMNS},
         )
 
+    def mark_timed_out(self, state: State) -> None:
+        """The rollout ran past ``rollout_timeout``: masked, with the bound in its one sentence."""
+        state.stop_reason = StopReason.TIMEOUT.value
+        state.error = (
+            f"TimeoutError: the rollout did not finish within rollout_timeout={self.rollout_timeout} s."
+        )
+
     def merged_sampling_args(self, sampling_args: dict[str, Any] | None) -> dict[str, Any]:
         """The environment's defaults overridden by the call's; ``n`` other than 1 is refused."""
         args = {**self.sampling_args, **(sampling_args or {})}

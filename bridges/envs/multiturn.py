@@ -203,10 +203,7 @@ class MultiTurnEnv(Environment):
         except _Abort as abort:
             state.stop_reason, state.error = abort.reason, abort.error
         except TimeoutError:
-            state.stop_reason = StopReason.TIMEOUT.value
-            state.error = (
-                f"TimeoutError: the rollout did not finish within rollout_timeout={self.rollout_timeout} s."
-            )
+            self.mark_timed_out(state)
         except Exception as exc:  # a bug in a subclass's own loop code
             state.stop_reason = StopReason.ENV_ERROR.value
             state.error = f"the rollout raised {describe_exception(exc)}"
