@@ -42,17 +42,15 @@ async def ours(env: Any, client: Any, count: int) -> float:
 
 async def verifiers_own(base_url: str, count: int) -> float:
     """verifiers' evaluation of the same taskset: its null harness program per rollout, its EvalClient."""
-    import sys
-
     from verifiers.v1.clients import ModelContext
     from verifiers.v1.configs.client import EvalClientConfig
     from verifiers.v1.env import RunSlot
     from verifiers.v1.utils.loaders import load_environment, resolve_env_config
 
+    from bridges.adapters.verifiers.v1_load import make_visible
     from bridges.environments import repeat_letter_taskset
 
-    sys.modules.setdefault("verifiers.v1.tasksets.repeat_letter_taskset", repeat_letter_taskset)
-    config = resolve_env_config({"taskset": {"id": "repeat_letter_taskset"},
+    config = resolve_env_config({"taskset": {"id": make_visible(repeat_letter_taskset)},
                                  "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}})  # fmt: skip
     env = load_environment(config)
     tasks = list(env.taskset)

@@ -15,6 +15,12 @@ from typing import Any
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first, in collection order otherwise: under ``-n 2`` a worker that
+    picks a several-minute test up last would leave the other idle at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def bridges_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Point ``BRIDGES_CACHE_DIR`` at a session temp dir, so tests never touch the user's cache.

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
@@ -62,6 +64,7 @@ def test_streaming_agent_forces_a_call_and_extends_the_ledger():
     assert "exactly turn 1's prompt + sample" in lines[2]
 
 
+@pytest.mark.slow
 def test_recipe_each_stage_beats_the_one_before(tmp_path: Path):
     """eval -> teacher rollouts -> export -> SFT -> eval -> RL -> eval, as the README shows it."""
     result = subprocess.run([sys.executable, str(EXAMPLES / "recipe_warmup.py"), str(tmp_path / "recipe")],

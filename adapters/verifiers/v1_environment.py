@@ -1,14 +1,19 @@
 """``V1Environment``: a verifiers v1 taskset (and its ``Env``, if it has one) behind our ``Environment``.
 
 Each rollout is one verifiers episode run by verifiers' own machinery — ``Env.serving``,
-``Env.run_slot``, the task's hooks and ``@vf.reward``/``@vf.metric`` scoring, its interception
-server — with every model call answered by the backend's ``EngineClient`` on a loopback endpoint
-that records the sampled ids per rollout (``v1_endpoint``). Agents on verifiers' ``null`` harness run
-in this process (``v1_seat``). The trace's reward is the rollout's reward; its errors mask it.
+``Env.run_slot`` (so ``setup``/``run``/``finalize``), the task's hooks and ``@vf.reward``/``@vf.metric``
+scoring, its interception server — with every model call answered by the backend's ``EngineClient``
+on a loopback endpoint that records the sampled ids per agent trace (``v1_endpoint``). Agents on
+verifiers' ``null`` harness run in this process (``v1_seat``).
 
-Supported here: single-agent tasksets (``SingleAgentEnv``) on the null harness, chat dialect, without
-MCP toolsets. A taskset whose ``Env`` declares several agents, or that declares a toolset, is refused
-in one sentence when it loads.
+Several agents (self-play seats, proposer and solver, a modeled user): a dataset row is one task × one
+trainable seat, and a rollout of it is a whole episode whose sample is that seat's trace, with that
+trace's reward. A group is therefore task × seat, the baseline the public multi-agent examples ask
+for (``kuhn_poker``: "per game x seat"), and it is the same on every backend because it lives in the
+rows. The other seats' traces of that episode are played but not trained on — each seat's own rows
+train it — and a seat that runs several times in one episode (``best_of_n``) trains on its first
+trace; ``v1/seat_traces`` counts them. Seats the env's ``setup()`` stands down (``trainable=False``)
+get no rows.
 """
 
 from __future__ import annotations
@@ -37,19 +42,29 @@ class EpisodeFailed(Exception):
         super().__init__(f"{error.type}: {error.message}")
         self.timed_out = error.type == "TimeoutError"
 
+    @classmethod
+    def of(cls, message: str) -> EpisodeFailed:
+        from verifiers.v1.trace import Error
+
+        return cls(Error(type="EnvError", message=message))
+
 
 class V1Rubric:
-    """The face of a taskset's rewards that backends read; verifiers scores inside each episode."""
+    """The face of a taskset's rewards that backends read: one function, ``trace_reward``, verifiers'
+    own ``trace.reward`` (the weighted sum of every reward on the trace — the task's ``@vf.reward``s
+    and what the env's ``run``/``finalize`` recorded, which no declaration lists before an episode
+    runs). Each reward's score is also a metric under its own name. verifiers scores each episode."""
 
-    def __init__(self, pairs: list[tuple[str, float]]) -> None:
-        self._pairs = pairs
+    REWARD = "trace_reward"
+
+    def __init__(self) -> None:
         self.parser = None
 
     def get_reward_func_names(self) -> list[str]:
-        return [name for name, _ in self._pairs]
+        return [self.REWARD]
 
     def get_reward_weights(self) -> list[float]:
-        return [weight for _, weight in self._pairs]
+        return [1.0]
 
     async def score_group(self, states: list[State]) -> None:
         """Nothing to do: each state's reward is its trace's, computed by verifiers when it ended."""
@@ -61,10 +76,11 @@ class V1Environment(Environment):
         "episode's live trace when it ends; run bridges.eval instead."
     )
 
-    def __init__(self, vf_env: Any, *, taskset_id: str, env_args: dict[str, Any]) -> None:
+    def __init__(self, vf_env: Any, *, seats: list[str], taskset_id: str, env_args: dict[str, Any]) -> None:
         from datasets import Dataset
 
         self.vf_env = vf_env
+        self.seats = seats
         self._servings: dict[int, Serving] = {}
         taskset = vf_env.taskset
         try:
@@ -75,13 +91,11 @@ class V1Environment(Environment):
             ) from None
         if not self.tasks:
             raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' yields no tasks.")
-        rows = [_row(index, task) for index, task in enumerate(self.tasks)]
-        first = self.tasks[0]
-        pairs = [(fn.__name__, float(getattr(fn, "_vf_weight", 1.0))) for fn in first.hooks("reward")]
+        rows = [_row(index, task, seat) for index, task in enumerate(self.tasks) for seat in seats]
         super().__init__(
             dataset=lambda: Dataset.from_list(rows),
             eval_dataset=lambda: Dataset.from_list(rows),
-            rubric=V1Rubric(pairs),  # type: ignore[arg-type]
+            rubric=V1Rubric(),  # type: ignore[arg-type]
             rollout_timeout=_outer_bound(vf_env.config.timeout.episode),
             env_args=env_args,  # the id the user gave is recorded by the registry
         )
@@ -93,10 +107,10 @@ class V1Environment(Environment):
         state = self.init_state(row)
         args = self.merged_sampling_args(sampling_args)
         try:
-            task = self.tasks[int(state.info["v1_task"])]
+            task, seat = self.tasks[int(state.info["v1_task"])], str(state.info["v1_seat"])
             async with asyncio.timeout(self.rollout_timeout):
-                trace, responses = await self._episode(task, client, model, args)
-            _fill(state, trace, responses)
+                traces, responses = await self._episode(task, seat, client, model, args)
+            _fill(state, traces, responses)
         except TimeoutError:
             self.mark_timed_out(state)
         except EpisodeFailed as failed:
@@ -109,20 +123,24 @@ class V1Environment(Environment):
         return state
 
     async def _episode(
-        self, task: Any, client: Any, model: str, args: dict[str, Any]
-    ) -> tuple[Any, list[Any]]:
-        """One verifiers episode of ``task`` against ``client``: its one trace and the responses it got."""
+        self, task: Any, seat: str, client: Any, model: str, args: dict[str, Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """One verifiers episode of ``task`` against ``client``: ``seat``'s traces in it (completion
+        order) and the responses the first of them got."""
         from verifiers.v1.env import RunSlot
         from verifiers.v1.types import SamplingConfig
 
         sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None})
         async with self._serving_for(client) as serving:
             episode = await self.vf_env.run_slot(RunSlot(task), serving.context(model, sampling))
-            if episode.errors and not episode.traces:
-                raise EpisodeFailed(episode.errors[0])
-            (trace,) = episode.traces
-            trace.errors.extend(episode.errors)
-            return trace, serving.endpoint.take(trace.id)
+            calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
+        if episode.errors and not episode.traces:
+            raise EpisodeFailed(episode.errors[0])
+        mine = [trace for trace in episode.traces if trace.agent.name == seat]
+        if not mine:
+            raise EpisodeFailed.of(f"the episode ran no '{seat}' agent ({len(episode.traces)} traces).")
+        mine[0].errors.extend(episode.errors)  # a failed finalize() is this sample's failure too
+        return mine, calls[mine[0].id]
 
     def _serving_for(self, client: Any) -> Serving:
         """The client's serving resources in this event loop; one made in another loop (a backend
@@ -173,14 +191,15 @@ class Serving:
                 await stack.aclose()
 
     async def _open(self) -> None:
-        from bridges.adapters.verifiers.v1_seat import close_http_clients
+        from bridges.adapters.verifiers.v1_seat import hold_http_client, release_http_client
 
         stack = contextlib.AsyncExitStack()
         try:
             await stack.enter_async_context(self.endpoint)
             os.environ[self.key_var] = self.endpoint.secret
             stack.callback(os.environ.pop, self.key_var, None)
-            stack.push_async_callback(close_http_clients)
+            hold_http_client()
+            stack.push_async_callback(release_http_client)
             await stack.enter_async_context(self.vf_env.serving())
         except BaseException:
             await stack.aclose()
@@ -194,8 +213,10 @@ def _outer_bound(episode_timeout: float | None) -> float:
     return EPISODE_TIMEOUT if episode_timeout is None else float(episode_timeout) + 60.0
 
 
-def _row(index: int, task: Any) -> dict[str, Any]:
-    """A dataset row naming its task; the prompt is shown in traces and results, not re-rendered."""
+def _row(index: int, task: Any, seat: str) -> dict[str, Any]:
+    """A dataset row naming its task and seat. The prompt is shown in traces and results, never
+    rendered: a multi-agent env gives each seat what it likes at run time, often nothing up front, and
+    such a row says so in one placeholder message (every backend's dataset needs a non-empty prompt)."""
     data = task.data
     prompt = data.prompt
     messages = (
@@ -204,17 +225,34 @@ def _row(index: int, task: Any) -> dict[str, Any]:
     system = getattr(data, "system_prompt", None)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
-    return {"example_id": index, "prompt": messages, "info": {"v1_task": index}, "task": type(task).__name__}
+    if not messages:
+        opened = f"[verifiers v1 task {index}, agent '{seat}': the environment opens the conversation]"
+        messages = [{"role": "user", "content": opened}]
+    return {
+        "example_id": index,
+        "prompt": messages,
+        "info": {"v1_task": index, "v1_seat": seat},
+        "task": type(task).__name__,
+    }
 
 
-def _fill(state: State, trace: Any, responses: list[Any]) -> None:
-    """Our state from the episode's trace: the completion, the sampled turns, the reward or the failure."""
+def _fill(state: State, traces: list[Any], responses: list[Any]) -> None:
+    """Our state from the seat's first trace: the completion, the sampled turns, the reward or the
+    failure; a reply an interception hook rewrote is counted (the turns hold what was sampled)."""
     from bridges.envs.multiturn import turn_from_response
 
+    trace = traces[0]
     messages = to_message_dicts(trace.messages)
-    state.completion = messages[len(state.prompt) :] if len(messages) > len(state.prompt) else messages
+    shown = len(state.prompt)  # the trace repeats the row's prompt, unless the env gave the seat another
+    state.completion = messages[shown:] if messages[:shown] == to_message_dicts(state.prompt) else messages
     state.turns = [turn_from_response(r) for r in responses]
     state.extras["v1_trace_id"] = trace.id
+    state.metrics["v1/seat_traces"] = float(len(traces))
+    state.metrics["v1/rewritten_replies"] = float(len(trace.response_rewrites))
+    if not trace.agent.trainable:
+        state.stop_reason = StopReason.ENV_ERROR.value
+        state.error = f"the env's setup() stood agent '{trace.agent.name}' down (trainable = False)."
+        return
     if trace.errors:
         message = "; ".join(f"{e.type}: {e.message}" for e in trace.errors)
         scoring = any("scoring" in e.message for e in trace.errors)
@@ -227,6 +265,7 @@ def _fill(state: State, trace: Any, responses: list[Any]) -> None:
         return
     state.stop_reason = StopReason.COMPLETED.value
     state.reward = reward
+    state.metrics[V1Rubric.REWARD] = reward
     # each reward function's score under its name, as every rubric reports it (TRL logs them)
     state.metrics.update({name: float(r.score) for name, r in trace.rewards.items() if r is not None})
     state.metrics.update(

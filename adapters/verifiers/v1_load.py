@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from types import ModuleType
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers, version_tuple
@@ -33,11 +34,7 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
     from bridges.adapters.verifiers.v1_seat import register
 
     register()
-    # verifiers imports a taskset by its last name only: one inside a package (a bundled one) is
-    # made visible where verifiers looks, as verifiers' own tasksets are
-    if module.__name__ != taskset_id:
-        for kind in ("tasksets", "harnesses", "envs"):  # it may export its own harness and Env too
-            sys.modules.setdefault(f"verifiers.v1.{kind}.{taskset_id}", module)
+    make_visible(module)
     data = copy.deepcopy(env_args)
     data["taskset"] = {**dict(data.get("taskset") or {}), "id": taskset_id}
     config = _resolve(taskset_id, data)
@@ -45,8 +42,24 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
         _seat(taskset_id, name, spec, data)
     config = _resolve(taskset_id, data)
     env = _construct(taskset_id, config)
-    _refuse_unsupported(taskset_id, env, config)
-    return V1Environment(env, taskset_id=taskset_id, env_args=env_args)
+    _refuse_unsupported(taskset_id, env)
+    seats = _trainable_seats(env, config)
+    if not seats:
+        raise ConfigError(
+            f"the verifiers v1 environment '{taskset_id}' stands every agent down in setup() "
+            "(trainable = False): none of its traces would train."
+        )
+    return V1Environment(env, seats=seats, taskset_id=taskset_id, env_args=env_args)
+
+
+def make_visible(module: ModuleType) -> str:
+    """The id verifiers knows ``module`` by. verifiers imports a taskset by its last name only: one
+    inside a package (a bundled one) is made visible where verifiers looks, as its own tasksets are."""
+    taskset_id = module.__name__.rsplit(".", 1)[-1]
+    if module.__name__ != taskset_id:
+        for kind in ("tasksets", "harnesses", "envs"):  # it may export its own harness and Env too
+            sys.modules.setdefault(f"verifiers.v1.{kind}.{taskset_id}", module)
+    return taskset_id
 
 
 def _resolve(taskset_id: str, data: dict[str, Any]) -> Any:
@@ -107,19 +120,49 @@ def _construct(taskset_id: str, config: Any) -> Any:
         raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' did not load: {_sentence(exc)}") from None
 
 
-def _refuse_unsupported(taskset_id: str, env: Any, config: Any) -> None:
-    agents = list(_agents(config))
-    if len(agents) != 1:
-        raise ConfigError(
-            f"the verifiers v1 environment '{taskset_id}' declares {len(agents)} agents ({', '.join(agents)}); "
-            "rl-bridges runs single-agent v1 tasksets so far."
-        )
+def _trainable_seats(env: Any, config: Any) -> list[str]:
+    """The agents whose traces train, in declaration order: every declared agent, less those the env's
+    ``setup()`` stands down (``agents.user.trainable = False`` is verifiers' one way to say a seat is
+    not the policy: a modeled user, a judge). ``setup()`` is asked once here with stand-in agents, so
+    no rollout is spent on a seat that never trains; where it needs more than the stand-ins give, every
+    seat is kept and an episode that stands one down masks that rollout with the reason."""
+    import verifiers.v1 as vf
+
+    declared = list(_agents(config))
+    agents = vf.Agents(config, lambda name, _spec: SimpleNamespace(name=name, trainable=True))
+    try:
+        _run_to_end(env.setup(agents))
+    except Exception:  # the env's own hook, asked outside an episode: its episodes will say
+        return declared
+    return [name for name in declared if getattr(agents, name).trainable]
+
+
+def _run_to_end(coroutine: Any) -> Any:
+    """Run ``coroutine`` to its end from sync code, also when this thread already runs an event loop."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _refuse_unsupported(taskset_id: str, env: Any) -> None:
+    """Tool servers run where verifiers starts them; one that needs a sandbox or a container the run
+    does not provide is refused before any rollout (the default, ``subprocess``, runs here)."""
+    from verifiers.v1.runtimes import runtime_is_local
+
     task_type = type(env.taskset).task_type()
-    if env.taskset.toolsets(env.taskset.config) or task_type.toolsets(env.taskset.config.task):
-        raise ConfigError(
-            f"the verifiers v1 taskset '{taskset_id}' declares MCP toolsets; rl-bridges runs v1 tasksets "
-            "without toolsets so far."
-        )
+    servers = [*env.taskset.toolsets(env.taskset.config), *task_type.toolsets(env.taskset.config.task)]
+    for server in servers:
+        runtime = server.config.runtime
+        if not runtime_is_local(runtime):
+            raise ConfigError(
+                f"the toolset '{server.server_name}' of the verifiers v1 taskset '{taskset_id}' runs in a "
+                f"'{runtime.type}' runtime this run does not provide; give it runtime.type=subprocess."
+            )
 
 
 def _sentence(exc: BaseException) -> str:

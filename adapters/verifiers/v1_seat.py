@@ -4,8 +4,11 @@ verifiers' ``null`` harness is a plain chat loop shipped as a script it starts o
 (through ``uv`` in 0.4, which needs ``uv`` and the package index). This harness keeps its contract —
 the task's system prompt and prompt, chat calls against the rollout's interception endpoint with the
 rollout's secret, until a reply calls no tool — and runs it as a coroutine, so verifiers' interception
-server, hooks, trace and scoring see the same calls without a process per rollout. MCP toolsets are
-not run here yet: a taskset that declares one is refused before any rollout.
+server, hooks, trace and scoring see the same calls without a process per rollout. A later segment of
+an exchange (``agent.interaction(task).turn(...)``, how multi-agent envs converse) is verifiers' own
+``Harness.resume``: the loop again, on the conversation so far plus the new user turn. The task's MCP
+toolsets, which verifiers starts per rollout, are offered and called as the null program does
+(``v1_tools``).
 
 verifiers resolves harnesses by module name only (``harness.id``), so ``register`` makes this module
 importable as ``verifiers.v1.harnesses.bridges_seat``, and agents on ``null`` are pointed at it.
@@ -18,6 +21,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from bridges.adapters.verifiers.v1_tools import open_toolbox
 from bridges.runtime.errors import require_extra
 
 require_extra("verifiers", "verifiers", "verifiers v1 tasksets")  # one sentence when it is missing
@@ -28,28 +32,39 @@ SEAT_ID = "bridges_seat"
 MAX_CALLS = 64  # chat calls per agent rollout; the endpoint caps a session as well
 
 
-# one HTTP client per event loop: building one builds a TLS context (~40 ms)
-_http_clients: dict[int, Any] = {}
+# one HTTP client per event loop (building one builds a TLS context, ~40 ms), shared by every serving
+# open in that loop: each serving holds it while open, and the last to close closes it
+_http_clients: dict[int, tuple[Any, int]] = {}
 
 
 def _http_client() -> Any:
     import asyncio
 
+    return _http_clients[id(asyncio.get_running_loop())][0]
+
+
+def hold_http_client() -> None:
+    """A serving of the running loop opens: make the loop's client, or count one more holder."""
+    import asyncio
+
     import openai
 
     key = id(asyncio.get_running_loop())
-    if key not in _http_clients:
-        _http_clients[key] = openai.DefaultAsyncHttpxClient()
-    return _http_clients[key]
+    client, holders = _http_clients.get(key) or (openai.DefaultAsyncHttpxClient(), 0)
+    _http_clients[key] = (client, holders + 1)
 
 
-async def close_http_clients() -> None:
-    """Close the seat's HTTP client of the running loop (when its serving resources close)."""
+async def release_http_client() -> None:
+    """A serving of the running loop closes: the last holder closes the client."""
     import asyncio
 
-    client = _http_clients.pop(id(asyncio.get_running_loop()), None)
-    if client is not None:
-        await client.aclose()
+    key = id(asyncio.get_running_loop())
+    client, holders = _http_clients[key]
+    if holders > 1:
+        _http_clients[key] = (client, holders - 1)
+        return
+    del _http_clients[key]
+    await client.aclose()
 
 
 def register() -> None:
@@ -63,13 +78,14 @@ class InProcessChatConfig(vf.HarnessConfig):
 
 class InProcessChatHarness(vf.Harness[InProcessChatConfig]):
     APPENDS_SYSTEM_PROMPT = True
-    SUPPORTS_MCP = False
+    SUPPORTS_MCP = True
+    SUPPORTS_RESUME = True  # verifiers' default resume: relaunch on the accreted conversation
     NEEDS_CONTAINER = False
     EXECUTES_CODE = False
 
     async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
                      mcp_urls: dict[str, str], data: Any) -> Any:  # fmt: skip
-        """The null program's loop: chat until a reply calls no tool (this seat declares none)."""
+        """The null program's loop: chat, run the tools the reply calls, until a reply calls none."""
         system, prompt = self.resolve_prompt(data)
         messages: list[Any] = [{"role": "system", "content": system}] if system else []
         if isinstance(prompt, str):
@@ -77,17 +93,21 @@ class InProcessChatHarness(vf.Harness[InProcessChatConfig]):
         elif prompt is not None:
             messages.extend(message_to_wire(m) for m in prompt)
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, http_client=_http_client())
+        tools = await open_toolbox(mcp_urls)
+        offered: dict[str, Any] = {"tools": tools.schemas} if tools.schemas else {}
         for _ in range(MAX_CALLS):
-            completion = await client.chat.completions.create(model=ctx.model, messages=messages)
+            completion = await client.chat.completions.create(model=ctx.model, messages=messages, **offered)
             message = completion.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:
                 break
             for call in message.tool_calls:
-                unknown = (
-                    f"error: unknown tool {call.function.name!r}" if call.type == "function" else "error"
+                content = (
+                    await tools.call(call.function.name, call.function.arguments)
+                    if call.type == "function"
+                    else f"error: the {call.type} tool type is not run here"
                 )
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": unknown})
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
 

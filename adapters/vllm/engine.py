@@ -15,6 +15,7 @@ Checked only on a GPU machine: vLLM needs CUDA, so CPU CI tests the pure convers
 from __future__ import annotations
 
 import itertools
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -98,7 +99,7 @@ class VLLMEngine:
         self._lora = lora
         self._lora_request: Any = None
         self._lora_ids = itertools.count(1)
-        self._adapter_dir = Path(tempfile.mkdtemp(prefix="bridges-lora-"))
+        self._adapter_dir: Path | None = None  # made at the first LoRA sync, removed at close
 
     @classmethod
     def from_pretrained(cls, model: str, *, lora_rank: int = 0, **engine_args: Any) -> VLLMEngine:
@@ -152,6 +153,8 @@ class VLLMEngine:
             from vllm.lora.request import LoRARequest
 
             lora_id = next(self._lora_ids)
+            if self._adapter_dir is None:
+                self._adapter_dir = Path(tempfile.mkdtemp(prefix="bridges-lora-"))
             path = self._adapter_dir / f"v{lora_id}"
             policy.save_pretrained(path)
             self._lora_request = LoRARequest(f"policy-v{lora_id}", lora_id, str(path))
@@ -163,3 +166,5 @@ class VLLMEngine:
 
     async def aclose(self) -> None:
         self.llm.shutdown()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)

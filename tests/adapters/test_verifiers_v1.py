@@ -39,10 +39,10 @@ def test_the_bundled_taskset_resolves_as_verifiers_resolves_an_id():
     env = load_environment("repeat-letter-taskset", taskset={"num_tasks": 16})
     assert type(env).__name__ == "V1Environment" and env.env_id == "repeat-letter-taskset"
     assert env.env_args == {"taskset": {"num_tasks": 16}}
-    assert len(env.get_dataset()) == 16 and env.rubric.get_reward_func_names() == ["repeated_letter"]
+    assert len(env.get_dataset()) == 16 and env.rubric.get_reward_func_names() == ["trace_reward"]
     row = env.get_dataset()[0]
     (message,) = row["prompt"]
-    assert message["role"] == "user" and message["content"] in "abcdefgh" and row["info"] == {"v1_task": 0}
+    assert message["role"] == "user" and message["content"] in "abcdefgh" and row["info"] == {"v1_task": 0, "v1_seat": "agent"}
     assert env.rescore_refusal and "v1 taskset" in env.rescore_refusal
 
 
@@ -119,6 +119,8 @@ async def test_a_failing_reward_load_or_episode_is_a_masked_rollout_with_its_rea
     assert seen[1][:2] == ("reward_error", None) and "ValueError: the reward broke" in seen[1][2]
     assert seen[2] == ("reward_error", None, "the trace's reward is nan.")
     assert seen[3][:2] == ("timeout", None) and "exceeded its 2s deadline" in seen[3][2]
+    assert seen[4][:2] == ("env_error", None) and "RuntimeError: the env's run broke" in seen[4][2]
+    assert seen[5][:2] == ("env_error", None) and "RuntimeError: the env's finalize broke" in seen[5][2]
 
 
 def test_rescore_refuses_v1_traces_in_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

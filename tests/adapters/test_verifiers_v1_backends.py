@@ -26,7 +26,7 @@ def _check_run(run_dir: Path, backend: str) -> None:
     assert all(r["episodes/total"] == 8 and r["episodes/masked_fraction"] == 0.0 for r in rows)
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)  # scored by the taskset's own @vf.reward
     if backend == "trl":  # TRL keeps no traces file; its rows carry the environment's metrics
-        assert all(r["env/num_turns"] == 1.0 and r["rewards/repeated_letter/mean"] is not None for r in rows)
+        assert all(r["env/num_turns"] == 1.0 and r["rewards/trace_reward/mean"] is not None and r["env/repeated_letter"] is not None for r in rows)
         return
     traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 16 and {t["provenance"]["env_id"] for t in traces} == {"repeat_letter_taskset"}
@@ -43,6 +43,41 @@ def test_two_steps_on_each_in_process_backend(tmp_path: Path, monkeypatch: pytes
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
     assert main([f"backend={backend}", f"output_dir={tmp_path}", *SMALL, *extra]) == 0
     _check_run(tmp_path / "v1", backend)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["grpo", "trl", "tinker"])
+def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+):
+    """Rows are task × trainable seat, so a group is one seat's rollouts of one task on every backend."""
+    from bridges.train import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures"))
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    extra = ["tinker.base_url=local"] if backend == "tinker" else []
+    argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_duel_taskset", "env_args.rounds=1",
+            "progress=false", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2",
+            "sampling.max_tokens=6", "run_name=duel", *extra]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(tmp_path / "duel")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["episodes/total"] == 4 and r["episodes/masked_fraction"] == 0.0 for r in rows)
+    if backend == "trl":
+        return
+    traces = [json.loads(x) for x in (tmp_path / "duel" / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 8
+    for trace in traces:  # one segment each (rounds=1): the seat's own conversation, its own reward
+        seat = _info(trace)["v1_seat"]
+        assert seat in ("player0", "player1") and len(trace["turns"]) == 1
+        first = trace["completion"][0]
+        assert (first["role"], first["content"]) == ("system", f"You are player {seat[-1]}.")
+        assert trace["metrics"]["hits"] == trace["reward"]
+
+
+def _info(trace: dict[str, Any]) -> dict[str, Any]:
+    info = trace["info"]
+    return info if isinstance(info, dict) else json.loads(info)
 
 
 def test_verls_agent_loop_worker_trains_on_the_sampled_ids(
@@ -64,6 +99,25 @@ def test_verls_agent_loop_worker_trains_on_the_sampled_ids(
         letter = tiny_tokenizer.decode(row["prompt"]).split("user\n")[-1][0]
         head = tiny_tokenizer.decode(row["response"])[:6]
         assert row["reward"] == pytest.approx(sum(ch == letter for ch in head) / 6)
+
+
+def test_verls_agent_loop_worker_runs_a_multi_agent_env_seat_by_seat(
+    tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """verl's rows are ours: task 0's two seats, each a group of N; a seat's two resumed segments
+    are one response, the env's turn between them masked out."""
+    from recording_server import RecordingServer
+    from verl_harness import N, batch_of, compose, rows_of, run_worker
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures"))
+    seats = [f"env_args.player{i}.sampling.max_tokens=6" for i in (0, 1)]  # per turn; verl's budget is 160
+    cfg, files = compose(tmp_path, tiny_path, "", "env_args.rounds=2", *seats, env="vf_v1_duel_taskset")
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), RecordingServer(str(tiny_path))), cfg)
+    assert len(rows) == 2 * N
+    for row in rows:
+        assert row["valid"] and row["stop"] == "completed", row["error"]
+        assert row["metrics"]["v1/seat_traces"] == 1.0 and row["reward"] == pytest.approx(row["metrics"]["hits"])
+        assert 0 < sum(row["mask"]) < len(row["mask"]) and row["mask"][0] == 1 and row["mask"][-1] == 1
 
 
 def test_a_synchronous_grpo_run_is_the_native_tasks_run_step_for_step(tmp_path: Path):
@@ -97,3 +151,43 @@ def test_bridges_compare_evaluates_a_v1_taskset_on_two_backends(
     assert main(argv) == 0
     report = (tmp_path / "report.md").read_text()
     assert "| grpo |" in report and "| tinker |" in report and "repeat_letter_taskset" in report
+
+
+@pytest.mark.slow
+def test_kill_9_mid_rollout_leaves_no_toolset_server_running(tmp_path: Path):
+    """verifiers starts a toolset server per rollout and ties it to its launcher's life; one still
+    importing when its launcher is killed cannot know yet, and exits once it has started (~15 s here)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fixtures = str(Path(__file__).resolve().parents[1] / "fixtures")
+    argv = [sys.executable, "-m", "bridges.eval", "env=vf_v1_tools_taskset", "model=tiny", "num_examples=2",
+            "progress=false", f"output={tmp_path / 'out'}"]  # fmt: skip
+    job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": fixtures},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _servers_of("vf_v1_tools_taskset") and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    assert _servers_of("vf_v1_tools_taskset"), "no toolset server started"
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 60
+    while _servers_of("vf_v1_tools_taskset") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _servers_of("vf_v1_tools_taskset") == []
+
+
+def _servers_of(module: str) -> list[int]:
+    """Processes started as ``python -m <module>`` (how verifiers starts a toolset)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and module.encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -123,3 +124,21 @@ def test_every_argument_our_engines_hand_vllm_is_an_engine_args_field(monkeypatc
     assert len(built) == 2 and built[1]["dtype"] == "bfloat16" and built[1]["max_lora_rank"] == 8
     for arguments in built:
         assert set(arguments) <= fields, set(arguments) - fields
+
+
+async def test_an_engine_leaves_no_folder_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_tokenizer: Any):
+    """The LoRA adapter folder is made at the first LoRA sync only, and removed at close."""
+    import tempfile
+
+    from bridges.adapters.vllm.engine import VLLMEngine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    class StoppedLLM:
+        def shutdown(self) -> None:
+            return None
+
+    for lora in (False, True):
+        engine = VLLMEngine(StoppedLLM(), tiny_tokenizer, max_model_len=64, lora=lora)
+        await engine.aclose()
+    assert list(tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ from bridges.init import main
 from bridges.runs.config import run_cli
 
 
+@pytest.mark.slow
 def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path: Path):
     assert main(["my-words"]) == 0
     folder = Path("my-words").resolve()

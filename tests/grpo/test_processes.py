@@ -34,6 +34,7 @@ def one_step(out: Path, processes: int, *args: str) -> dict:
     return load_file(str(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "lora"), [("ddp", False), ("fsdp", False), ("ddp", True), ("fsdp", True)],
     ids=["ddp", "fsdp", "ddp-lora", "fsdp-lora"],

@@ -1,0 +1,148 @@
+"""v1 tasksets give the same rewards through rl-bridges as in verifiers' own evaluation; under 0.3 and 0.4.
+
+One script answers both paths (``ScriptedEngine``: the reply is a function of the prompt, tokenized with
+the real Qwen2.5 BPE vocabulary), so the paths differ only in what runs between the model and the
+reward: rl-bridges' in-process seat and per-session endpoint, or verifiers' null harness program per
+agent run and its ``EvalClient`` (``vf_reference``). Tasksets in the style of the public examples: one
+single-turn (the bundled ``repeat_letter_taskset``), one multi-turn ended by ``@vf.stop``, one
+multi-agent ``Env.run`` (two trainable seats conversing, a host stood down in ``setup()``), and one
+with a response interception hook. Each rollout must also train on exactly what was sampled: 0 drift,
+0 ledger breaks, the sample's ids the turns' ids. CI runs this file under both verifiers releases.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_engine import ScriptedEngine
+from vf_reference import programs_run_with_this_python, verifiers_own_results
+
+from bridges.envs.registry import load_environment
+from bridges.workflows.rollouts import run_group
+from bridges.workflows.samples import SampleStats, state_to_samples
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SAMPLING = {"max_tokens": 48}
+CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
+    "repeat_letter_taskset": ({"taskset": {"num_tasks": 6}}, {"agent"}),
+    "vf_v1_turns_taskset": ({"taskset": {"num_tasks": 4}}, {"agent"}),
+    "vf_v1_duel_taskset": ({"taskset": {"num_tasks": 3}}, {"player0", "player1"}),
+    "vf_v1_hook_taskset": ({"taskset": {"num_tasks": 4}}, {"agent"}),
+    "vf_v1_tools_taskset": ({"taskset": {"num_tasks": 3}}, {"agent"}),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    # verifiers starts a toolset as ``python -m <its module>``
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(bridges_cache_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    from bridges.models.tiny import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen2.5"))
+
+
+async def _ours(name: str, env_args: dict[str, Any], tokenizer: Any) -> dict[tuple[int, str], Any]:
+    from bridges.client import EngineClient
+
+    client = EngineClient(ScriptedEngine(tokenizer), model_name="scripted")
+    env = load_environment(name, **env_args)
+    states = {}
+    for row in env.get_dataset():
+        (state,) = (await run_group(env, dict(row), client, 1, dict(SAMPLING), model="scripted")).states
+        assert state.error is None and state.stop_reason == "completed", state.error
+        stats = SampleStats()
+        (sample,) = state_to_samples(state, advantage=1.0, stats=stats)
+        assert stats.breaks == 0 and state.drift_tokens in (0, None)
+        sampled = [i for turn in state.turns for i in turn.completion_ids]
+        assert [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m] == sampled
+        states[(row["info"]["v1_task"], row["info"]["v1_seat"])] = state
+    return states
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+async def test_rewards_equal_verifiers_own_evaluation_of_the_same_script(
+    name: str, qwen_tokenizer: Any, tmp_path: Path
+):
+    from bridges.client import EngineClient
+    from bridges.server.app import serve_in_thread
+
+    env_args, seats = CASES[name]
+    ours = await _ours(name, env_args, qwen_tokenizer)
+    assert {seat for _, seat in ours} == seats
+    reference = EngineClient(ScriptedEngine(qwen_tokenizer), model_name="scripted")
+    with serve_in_thread(reference) as server, programs_run_with_this_python(tmp_path):
+        theirs = await verifiers_own_results(name, env_args, server.base_url, "scripted", SAMPLING)
+    assert {key: state.reward for key, state in ours.items()} == {key: theirs[key][0] for key in ours}
+    assert {key: state.completion[-1]["content"] for key, state in ours.items()} == {
+        key: theirs[key][1] for key in ours
+    }
+    assert len({state.reward for state in ours.values()}) > 1  # the script varies what is rewarded
+
+
+async def test_a_rewritten_reply_trains_on_what_was_sampled_and_the_trace_says_so(qwen_tokenizer: Any):
+    """The hook served "LETTER x"; the sample holds the ids the engine sampled, and the state counts it."""
+    states = await _ours("vf_v1_hook_taskset", {"taskset": {"num_tasks": 4}}, qwen_tokenizer)
+    rewritten = [s for s in states.values() if s.metrics["v1/rewritten_replies"] == 1.0]
+    untouched = [s for s in states.values() if s.metrics["v1/rewritten_replies"] == 0.0]
+    assert rewritten and untouched
+    for state in rewritten:
+        served = state.completion[-1]["content"]
+        sampled = qwen_tokenizer.decode(state.turns[-1].completion_ids, skip_special_tokens=True)
+        assert served.startswith("LETTER ") and served != sampled and served[-1] in sampled
+        assert state.reward == 1.0
+    assert all(s.reward == 0.0 for s in untouched)
+
+
+async def test_each_seat_of_a_multi_agent_episode_is_its_own_group(qwen_tokenizer: Any):
+    """Rows are task × trainable seat; the stood-down host has none; each seat's sample is its own trace,
+    a conversation of several resumed segments extended token-exactly."""
+    env = load_environment("vf_v1_duel_taskset", taskset={"num_tasks": 2}, rounds=3)
+    assert [row["info"] for row in env.get_dataset()] == [
+        {"v1_task": t, "v1_seat": s} for t in (0, 1) for s in ("player0", "player1")
+    ]
+    states = await _ours("vf_v1_duel_taskset", {"taskset": {"num_tasks": 2}, "rounds": 3}, qwen_tokenizer)
+    for (_, seat), state in states.items():
+        assert len(state.turns) == 3 and state.metrics["v1/seat_traces"] == 1.0
+        assert f"You are player {seat[-1]}." in qwen_tokenizer.decode(state.turns[0].prompt_ids)
+        for before, after in zip(state.turns, state.turns[1:], strict=False):
+            assert after.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
+
+
+def _tool_servers() -> list[str]:
+    """Processes still running this suite's toolset module (verifiers starts it as ``-m``)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = status.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vf_v1_tools_taskset" in argv:
+            found.append(status.parent.name)
+    return found
+
+
+async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_outlives_it(
+    qwen_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+):
+    from bridges.client import EngineClient
+
+    monkeypatch.setenv("VF_V1_TOOLS_CRASH", "1")
+    env = load_environment("vf_v1_tools_taskset", taskset={"num_tasks": 1}, timeout={"episode": 5})
+    client = EngineClient(ScriptedEngine(qwen_tokenizer), model_name="scripted")
+    (row,) = env.get_dataset()
+    (state,) = (await run_group(env, dict(row), client, 1, dict(SAMPLING), model="scripted")).states
+    # verifiers waits for the server until the episode's deadline: a masked rollout, saying so
+    assert state.stop_reason == "timeout" and state.reward is None and not state.trainable
+    assert "exceeded its 5s deadline" in (state.error or ""), state.error
+    assert _tool_servers() == []
