@@ -15,6 +15,15 @@ from typing import Any
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n``, hand each xdist worker two tests at a time (unless ``--maxschedchunk`` says
+    otherwise): xdist's default first hands each worker a quarter of its share in one block, and the
+    block holding every slow test (they come first, below) would run them one after another while the
+    other worker ran out of work."""
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` run first, in collection order otherwise: under ``-n 2`` a worker that
     picks a several-minute test up last would leave the other idle at the end of the run."""

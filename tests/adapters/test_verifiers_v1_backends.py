@@ -162,32 +162,34 @@ def test_kill_9_mid_rollout_leaves_no_toolset_server_running(tmp_path: Path):
     import subprocess
     import sys
     import time
+    import uuid
 
     fixtures = str(Path(__file__).resolve().parents[1] / "fixtures")
     argv = [sys.executable, "-m", "bridges.eval", "env=vf_v1_tools_taskset", "model=tiny", "num_examples=2",
             "progress=false", f"output={tmp_path / 'out'}"]  # fmt: skip
-    job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": fixtures},
+    marker = uuid.uuid4().hex  # this job's processes, and no other test's, carry it in their environment
+    job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": fixtures, "BRIDGES_TEST_JOB": marker},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 120
-    while not _servers_of("vf_v1_tools_taskset") and time.monotonic() < deadline and job.poll() is None:
+    while not _servers(marker, job.pid) and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
-    assert _servers_of("vf_v1_tools_taskset"), "no toolset server started"
+    assert _servers(marker, job.pid), "no toolset server started"
     os.kill(job.pid, signal.SIGKILL)
     job.wait()
     deadline = time.monotonic() + 60
-    while _servers_of("vf_v1_tools_taskset") and time.monotonic() < deadline:
+    while _servers(marker, job.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _servers_of("vf_v1_tools_taskset") == []
+    assert _servers(marker, job.pid) == []
 
 
-def _servers_of(module: str) -> list[int]:
-    """Processes started as ``python -m <module>`` (how verifiers starts a toolset)."""
+def _servers(marker: str, launcher: int) -> list[int]:
+    """The job's processes other than the launcher itself: the toolset servers verifiers started."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            argv = cmdline.read_bytes().split(b"\0")
+            mine = f"BRIDGES_TEST_JOB={marker}".encode() in environ.read_bytes()
         except OSError:
             continue
-        if b"-m" in argv and module.encode() in argv:
-            found.append(int(cmdline.parent.name))
+        if mine and int(environ.parent.name) != launcher:
+            found.append(int(environ.parent.name))
     return found

@@ -13,6 +13,7 @@ with a response interception hook. Each rollout must also train on exactly what 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,12 @@ def qwen_tokenizer(bridges_cache_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen2.5"))
 
 
-async def _ours(name: str, env_args: dict[str, Any], tokenizer: Any) -> dict[tuple[int, str], Any]:
+async def _ours(
+    name: str, env_args: dict[str, Any], tokenizer: Any, engine: ScriptedEngine | None = None
+) -> dict[tuple[int, str], Any]:
     from bridges.client import EngineClient
 
-    client = EngineClient(ScriptedEngine(tokenizer), model_name="scripted")
+    client = EngineClient(engine or ScriptedEngine(tokenizer), model_name="scripted")
     env = load_environment(name, **env_args)
     states = {}
     for row in env.get_dataset():
@@ -78,11 +81,14 @@ async def test_rewards_equal_verifiers_own_evaluation_of_the_same_script(
     from bridges.server.app import serve_in_thread
 
     env_args, seats = CASES[name]
-    ours = await _ours(name, env_args, qwen_tokenizer)
+    our_engine, their_engine = ScriptedEngine(qwen_tokenizer), ScriptedEngine(qwen_tokenizer)
+    ours = await _ours(name, env_args, qwen_tokenizer, our_engine)
     assert {seat for _, seat in ours} == seats
-    reference = EngineClient(ScriptedEngine(qwen_tokenizer), model_name="scripted")
+    reference = EngineClient(their_engine, model_name="scripted")
     with serve_in_thread(reference) as server, programs_run_with_this_python(tmp_path):
         theirs = await verifiers_own_results(name, env_args, server.base_url, "scripted", SAMPLING)
+    # the engine saw the same prompt ids from both paths (an episode per seat here, so compare as sets)
+    assert set(our_engine.calls) == set(their_engine.calls) and our_engine.calls
     assert {key: state.reward for key, state in ours.items()} == {key: theirs[key][0] for key in ours}
     assert {key: state.completion[-1]["content"] for key, state in ours.items()} == {
         key: theirs[key][1] for key in ours
@@ -119,16 +125,15 @@ async def test_each_seat_of_a_multi_agent_episode_is_its_own_group(qwen_tokenize
             assert after.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
 
 
-def _tool_servers() -> list[str]:
-    """Processes still running this suite's toolset module (verifiers starts it as ``-m``)."""
+def _processes_marked(marker: str) -> list[str]:
+    """Processes whose environment holds ``marker`` (a toolset server inherits the launcher's)."""
     found = []
-    for status in Path("/proc").glob("[0-9]*/cmdline"):
+    for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            argv = status.read_bytes().split(b"\0")
+            if marker.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
         except OSError:
             continue
-        if b"vf_v1_tools_taskset" in argv:
-            found.append(status.parent.name)
     return found
 
 
@@ -137,7 +142,8 @@ async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_out
 ):
     from bridges.client import EngineClient
 
-    monkeypatch.setenv("VF_V1_TOOLS_CRASH", "1")
+    marker = f"VF_V1_TOOLS_CRASH={uuid.uuid4().hex}"
+    monkeypatch.setenv(*marker.split("="))
     env = load_environment("vf_v1_tools_taskset", taskset={"num_tasks": 1}, timeout={"episode": 5})
     client = EngineClient(ScriptedEngine(qwen_tokenizer), model_name="scripted")
     (row,) = env.get_dataset()
@@ -145,4 +151,4 @@ async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_out
     # verifiers waits for the server until the episode's deadline: a masked rollout, saying so
     assert state.stop_reason == "timeout" and state.reward is None and not state.trainable
     assert "exceeded its 5s deadline" in (state.error or ""), state.error
-    assert _tool_servers() == []
+    assert _processes_marked(marker) == []

@@ -47,14 +47,14 @@ class ScriptedEngine:
     def __init__(self, tokenizer: Any, script: Callable[[str], str] = letter_script) -> None:
         self.tokenizer, self.script = tokenizer, script
         self.end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.calls = 0
+        self.calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (prompt ids, sampled ids)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
-        self.calls += 1
         reply = self.script(self.tokenizer.decode(prompt_ids))
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end_of_turn]
         finish = "length" if len(ids) > params.max_tokens else "stop"
         ids = ids[: params.max_tokens]
+        self.calls.append((tuple(prompt_ids), tuple(ids)))
         return [Sample(list(ids), [-0.5] * len(ids), finish) for _ in range(n)]  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
