@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 # tests that start commands writing runs/ or outputs/ relative to where they run
 COMMAND_TESTS = [
     "tests/faults/test_bad_config.py",
-    "tests/faults/test_bad_input.py",
     "tests/grpo/test_train_cli.py::test_dry_run_prints_the_resolved_config_and_writes_nothing",
 ]
 

@@ -3,8 +3,8 @@
 verifiers starts a task's toolsets (MCP servers over streamable HTTP) for each rollout and hands the
 harness their URLs; its ``null`` program lists their tools, offers them to the model as functions
 named ``<server>_<tool>`` (bare where the server is nameless) and runs each call on the server. This
-is the same contract, in this process, on the subset of the ``mcp`` client that 1.x (verifiers 0.3)
-and 2.x (verifiers 0.4) share: a fresh session per operation, as the null program opens one, so a
+is the same contract, in this process, with the ``mcp`` client each release's program uses (1.x for
+verifiers 0.3, 2.x for 0.4): a fresh session per operation, as the null program opens one, so a
 stateless server needs nothing kept between calls. A bad call — an unknown tool, arguments that are
 not a JSON object — is answered to the model as an error message, as the null program answers it; a
 server that cannot be reached fails the agent's run, which verifiers records on the trace.
@@ -69,13 +69,18 @@ async def open_toolbox(mcp_urls: dict[str, str]) -> ToolBox:
 
 @asynccontextmanager
 async def _session(url: str) -> AsyncIterator[Any]:
-    from mcp import ClientSession
+    """One MCP session, opened as the null program of the installed verifiers opens it: ``mcp.Client``
+    in mcp 2.x (verifiers 0.4; it negotiates the newest protocol, and the server's answers — tool
+    schemas included — follow it), a ``ClientSession`` over the stream pair in 1.x (verifiers 0.3)."""
+    import mcp
     from mcp.client.streamable_http import streamable_http_client
 
     async with AsyncExitStack() as stack:
-        # (read, write) in 2.x, (read, write, session id) in 1.x
-        streams = await stack.enter_async_context(streamable_http_client(url))
-        session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+        if hasattr(mcp, "Client"):  # mcp 2.x
+            yield await stack.enter_async_context(mcp.Client(streamable_http_client(url)))
+            return
+        read, write, _ = await stack.enter_async_context(streamable_http_client(url))
+        session = await stack.enter_async_context(mcp.ClientSession(read, write))
         await session.initialize()
         yield session
 

@@ -28,11 +28,11 @@ from bridges.workflows.samples import SampleStats, state_to_samples
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLING = {"max_tokens": 48}
 CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
-    "repeat_letter_taskset": ({"taskset": {"num_tasks": 6}}, {"agent"}),
-    "vf_v1_turns_taskset": ({"taskset": {"num_tasks": 4}}, {"agent"}),
-    "vf_v1_duel_taskset": ({"taskset": {"num_tasks": 3}}, {"player0", "player1"}),
-    "vf_v1_hook_taskset": ({"taskset": {"num_tasks": 4}}, {"agent"}),
-    "vf_v1_tools_taskset": ({"taskset": {"num_tasks": 3}}, {"agent"}),
+    "repeat_letter_taskset": ({"taskset": {"num_tasks": 3}}, {"agent"}),
+    "vf_v1_turns_taskset": ({"taskset": {"num_tasks": 3}}, {"agent"}),
+    "vf_v1_duel_taskset": ({"taskset": {"num_tasks": 2}}, {"player0", "player1"}),
+    "vf_v1_hook_taskset": ({"taskset": {"num_tasks": 3}}, {"agent"}),
+    "vf_v1_tools_taskset": ({"taskset": {"num_tasks": 2}}, {"agent"}),
 }
 
 
