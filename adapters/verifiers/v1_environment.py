@@ -80,7 +80,6 @@ class V1Environment(Environment):
         from datasets import Dataset
 
         self.vf_env = vf_env
-        self.seats = seats
         self._servings: dict[int, Serving] = {}
         taskset = vf_env.taskset
         try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers, version_tuple
+from bridges.runtime.asyncutils import run_sync
 from bridges.runtime.errors import ConfigError
 
 
@@ -131,22 +131,10 @@ def _trainable_seats(env: Any, config: Any) -> list[str]:
     declared = list(_agents(config))
     agents = vf.Agents(config, lambda name, _spec: SimpleNamespace(name=name, trainable=True))
     try:
-        _run_to_end(env.setup(agents))
+        run_sync(env.setup(agents))
     except Exception:  # the env's own hook, asked outside an episode: its episodes will say
         return declared
     return [name for name in declared if getattr(agents, name).trainable]
-
-
-def _run_to_end(coroutine: Any) -> Any:
-    """Run ``coroutine`` to its end from sync code, also when this thread already runs an event loop."""
-    import asyncio
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _refuse_unsupported(taskset_id: str, env: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMALL = ["env=repeat_letter_taskset", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
          "trainer.group_size=4", "run_name=v1"]  # fmt: skip
 
@@ -53,7 +54,7 @@ def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
     """Rows are task × trainable seat, so a group is one seat's rollouts of one task on every backend."""
     from bridges.train import main
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures"))
+    monkeypatch.syspath_prepend(str(FIXTURES))
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
     argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_duel_taskset", "env_args.rounds=1",
@@ -109,7 +110,7 @@ def test_verls_agent_loop_worker_runs_a_multi_agent_env_seat_by_seat(
     from recording_server import RecordingServer
     from verl_harness import N, batch_of, compose, rows_of, run_worker
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "fixtures"))
+    monkeypatch.syspath_prepend(str(FIXTURES))
     seats = [f"env_args.player{i}.sampling.max_tokens=6" for i in (0, 1)]  # per turn; verl's budget is 160
     cfg, files = compose(tmp_path, tiny_path, "", "env_args.rounds=2", *seats, env="vf_v1_duel_taskset")
     rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), RecordingServer(str(tiny_path))), cfg)
@@ -164,32 +165,26 @@ def test_kill_9_mid_rollout_leaves_no_toolset_server_running(tmp_path: Path):
     import time
     import uuid
 
-    fixtures = str(Path(__file__).resolve().parents[1] / "fixtures")
+    from process_marks import processes_marked
+
     argv = [sys.executable, "-m", "bridges.eval", "env=vf_v1_tools_taskset", "model=tiny", "num_examples=2",
             "progress=false", f"output={tmp_path / 'out'}"]  # fmt: skip
-    marker = uuid.uuid4().hex  # this job's processes, and no other test's, carry it in their environment
-    job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": fixtures, "BRIDGES_TEST_JOB": marker},
+    job_id = uuid.uuid4().hex  # this job's processes, and no other test's, carry it in their environment
+    mark = f"BRIDGES_TEST_JOB={job_id}"
+    job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(FIXTURES), "BRIDGES_TEST_JOB": job_id},
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def servers() -> list[int]:  # the job's processes but the launcher: the toolset servers it started
+        return [pid for pid in processes_marked(mark) if pid != job.pid]
+
     deadline = time.monotonic() + 120
-    while not _servers(marker, job.pid) and time.monotonic() < deadline and job.poll() is None:
+    while not servers() and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
-    assert _servers(marker, job.pid), "no toolset server started"
+    assert servers(), "no toolset server started"
     os.kill(job.pid, signal.SIGKILL)
     job.wait()
     deadline = time.monotonic() + 60
-    while _servers(marker, job.pid) and time.monotonic() < deadline:
+    while servers() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _servers(marker, job.pid) == []
+    assert servers() == []
 
-
-def _servers(marker: str, launcher: int) -> list[int]:
-    """The job's processes other than the launcher itself: the toolset servers verifiers started."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            mine = f"BRIDGES_TEST_JOB={marker}".encode() in environ.read_bytes()
-        except OSError:
-            continue
-        if mine and int(environ.parent.name) != launcher:
-            found.append(int(environ.parent.name))
-    return found

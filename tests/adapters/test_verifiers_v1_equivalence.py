@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_marks import processes_marked
 from scripted_engine import ScriptedEngine
 from vf_reference import programs_run_with_this_python, verifiers_own_results
 
@@ -125,18 +126,6 @@ async def test_each_seat_of_a_multi_agent_episode_is_its_own_group(qwen_tokenize
             assert after.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
 
 
-def _processes_marked(marker: str) -> list[str]:
-    """Processes whose environment holds ``marker`` (a toolset server inherits the launcher's)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker.encode() in environ.read_bytes():
-                found.append(environ.parent.name)
-        except OSError:
-            continue
-    return found
-
-
 async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_outlives_it(
     qwen_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ):
@@ -151,4 +140,4 @@ async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_out
     # verifiers waits for the server until the episode's deadline: a masked rollout, saying so
     assert state.stop_reason == "timeout" and state.reward is None and not state.trainable
     assert "exceeded its 5s deadline" in (state.error or ""), state.error
-    assert _processes_marked(marker) == []
+    assert processes_marked(marker) == []
