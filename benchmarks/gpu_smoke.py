@@ -4,12 +4,13 @@
     python benchmarks/gpu_smoke.py --arch qwen2.5-0.5b --layers 1 --batch 2 --group 2 --max-tokens 8  # a CPU
 
 Each architecture is built with random weights (no download), then ``python -m bridges.train`` runs
-on it as a user would — the default task's prompts rewarded by reply length (``smoke_env.py``: a
-random model's groups differ, so every step trains), ``trainer.dtype=bf16`` (fp32 on a CPU without ``--dtype``),
+on it as a user would — the default task's prompts rewarded by the share of vowels in the reply
+(``smoke_env.py``: a random model's groups differ, so every step trains), ``trainer.dtype=bf16`` (fp32 on a CPU without ``--dtype``),
 the hf engine (vLLM when installed, on a GPU), generation not overlapped with training
 (``trainer.num_batches_ahead=0``) so each is timed alone. From the run's own ``metrics.jsonl``: generation
 tokens/s (sampled tokens / time waiting for the batch), training tokens/s (tokens through the model /
-optimizer-step time), peak memory (CUDA allocator; process RSS on a CPU) and the trainer's MFU: training
+optimizer-step time), peak memory (the CUDA allocator's, from each row's ``memory/peak_gb``; process RSS
+on a CPU) and the trainer's MFU: training
 FLOPs per token ≈ 6·N + 12·L·d·T (N parameters, L layers, width d, mean context T) over the device's
 dense bf16 peak (a table; none for a CPU). Steps after the first are averaged (the first compiles and
 warms up). The last line is ``key=value`` pairs per architecture.
@@ -59,7 +60,7 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace) -> dict[str, Any
     device = resolve_device(args.device)
     dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats(device)  # the first row's peak covers setup too
     code = train([f"model={model}", "env=smoke_env", f"output_dir={folder / 'runs'}", f"run_name={arch}", "progress=false",
                   f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch}", f"trainer.group_size={args.group}",
                   f"sampling.max_tokens={args.max_tokens}", f"trainer.dtype={dtype}", f"trainer.device={args.device}",
@@ -74,8 +75,13 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace) -> dict[str, Any
     context = train_tokens / max(1, sum(r["samples/trained"] for r in timed))
     peak = device_peak(device)
     achieved = flops_per_token(config, context) * train_tokens / max(train_s, 1e-9)
-    memory_gb = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+    assert train_tokens > 0, f"no step of {arch} trained: every group's rewards were equal"
+    # the trainer's per-step rows hold the CUDA allocator's peak (bridges.models.hardware.memory_metrics)
+    memory_gb = (max(r["memory/peak_gb"] for r in rows) * 1024**3 if device.type == "cuda"
                  else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9  # fmt: skip
+    if device.type == "cuda":
+        print(f"{arch}: allocated after each step (GiB) {[round(r['memory/allocated_gb'], 2) for r in rows]}, "
+              f"peak within it {[round(r['memory/peak_gb'], 2) for r in rows]}", flush=True)  # fmt: skip
     return {"arch": arch, "layers": config.num_hidden_layers, "dtype": dtype,
             "gen_tokens_per_s": f"{gen_tokens / max(gen_s, 1e-9):.1f}", "train_tokens_per_s": f"{train_tokens / max(train_s, 1e-9):.1f}",
             "peak_memory_gb": f"{memory_gb:.2f}", "mfu": f"{achieved / peak:.3f}" if peak else "n/a"}  # fmt: skip

@@ -97,3 +97,9 @@ def test_v1_rollouts_prints_its_figures_at_a_small_shape():
         and fields["native_rollouts_per_s"] > fields["bridges_rollouts_per_s"]
     )
     assert "verifiers_rollouts_per_s=n/a ratio=n/a" in last
+
+
+def test_logprob_probe_says_the_chunked_path_holds_in_both_dtypes():
+    fields = dict(re.findall(r"(\w+)=(\S+)", _run(str(ROOT / "benchmarks/logprob_probe.py"), "--arch", "tiny")))
+    assert fields["device"] == "cpu" and fields["fp32_chunked"] == fields["bf16_chunked"] == "true"
+    assert float(fields["fp32_max_gap"]) < 1e-4 and float(fields["bf16_max_gap"]) < 1e-2

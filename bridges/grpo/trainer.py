@@ -82,7 +82,7 @@ from bridges.grpo.parallel import stop as stop_processes
 from bridges.grpo.policy import load_policy, make_engine, trainable_names
 from bridges.grpo.precision import MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
-from bridges.models.hardware import Placement, placement
+from bridges.models.hardware import Placement, memory_metrics, placement
 from bridges.models.token_logprobs import chunked_matches_plain
 from bridges.runs.backends import Backend
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
@@ -300,6 +300,9 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
     t = config.trainer
     policy, tokenizer = load_policy(config, where)
     chunked = chunked_matches_plain(policy, len(tokenizer))
+    if not chunked and world.is_main:
+        print("note: this model's forward does more to its logits than a linear head (a soft cap, a scale), "
+              "so logprobs are computed from its full logits, which needs more memory per batch.")
     policy = shard(policy, world, where.dtype)  # [distributed] fsdp: parameters sharded across processes
     master = MasterWeights(policy)
     optimizer = make_optimizer(master.params, config.resolved_learning_rate, t.weight_decay)
@@ -379,7 +382,7 @@ class _Learner:
         result: dict[str, Any] = await asyncio.to_thread(train_step, self.run.ctx, samples)
         if result.get("optimizer/stepped"):
             await self.push_weights()
-        return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0]}
+        return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0], **memory_metrics(self.run.where.device)}
 
     async def save(self, position: RunPosition) -> None:
         run, ctx = self.run, self.run.ctx

@@ -120,3 +120,21 @@ def load_causal_lm(path: str, where: Placement, *, weights_dtype: Any = None) ->
         path, dtype=weights_dtype or where.dtype, attn_implementation=where.attn_implementation
     )
     return model.to(where.device)
+
+
+def memory_metrics(device: Any) -> dict[str, float]:
+    """The accelerator's memory since the last call, for the step's metrics row: what stays allocated
+    (weights, optimizer state, caches) and the peak on top of it (activations, logits, the engine's
+    batch). The peak is reset here, so each row holds its own step's. Empty on a CPU, whose allocator
+    keeps no such record."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    gib = 1024**3
+    metrics = {
+        "memory/allocated_gb": torch.cuda.memory_allocated(device) / gib,
+        "memory/peak_gb": torch.cuda.max_memory_allocated(device) / gib,
+    }
+    torch.cuda.reset_peak_memory_stats(device)
+    return metrics
