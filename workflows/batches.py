@@ -18,18 +18,21 @@ from bridges.workflows.types import Group, TrainingSample
 
 
 @functools.lru_cache(maxsize=4)
-def _epoch_order(size: int, seed: int, epoch: int) -> tuple[int, ...]:
-    order = list(range(size))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return tuple(order)
+def _epoch_order(size: int, seed: int, epoch: int, together: int = 1) -> tuple[int, ...]:
+    """A seeded permutation of the rows; blocks of ``together`` consecutive rows move whole (a dataset
+    whose size is not a multiple of it is shuffled row by row). With 1 it is a plain row shuffle."""
+    together = together if together > 1 and size % together == 0 else 1
+    blocks = list(range(size // together))
+    random.Random(seed * 1_000_003 + epoch).shuffle(blocks)
+    return tuple(block * together + i for block in blocks for i in range(together))
 
 
-def rows_at(dataset: Any, position: int, count: int, seed: int) -> list[dict[str, Any]]:
+def rows_at(dataset: Any, position: int, count: int, seed: int, together: int = 1) -> list[dict[str, Any]]:
     size = len(dataset)
     rows = []
     for pos in range(position, position + count):
         epoch, offset = divmod(pos, size)
-        rows.append(dataset[_epoch_order(size, seed, epoch)[offset]])
+        rows.append(dataset[_epoch_order(size, seed, epoch, together)[offset]])
     return rows
 
 

@@ -89,6 +89,7 @@ class RunSpec:
     sampling_args: dict[str, Any]
     artifacts: list[str]  # the files the end-of-run line names, besides the reward curve
     reducer: Reducer = Reducer()
+    rows_together: int = 1  # Environment.rows_together: blocks of rows the data order keeps adjacent
 
 
 async def run_training(
@@ -108,7 +109,7 @@ async def run_training(
     try:
         while position.step < t.max_steps:
             while ahead.step < t.max_steps and len(pending) <= t.num_batches_ahead:
-                rows = rows_at(spec.dataset, ahead.data_position, t.batch_size, config.seed)
+                rows = rows_at(spec.dataset, ahead.data_position, t.batch_size, config.seed, spec.rows_together)
                 args = {**spec.sampling_args, "seed": batch_seed(config.seed, ahead.step)}
                 pending.append(learner.start_batch(rows, args))
                 ahead = RunPosition(ahead.step + 1, ahead.data_position + t.batch_size)

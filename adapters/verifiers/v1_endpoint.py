@@ -30,14 +30,24 @@ MAX_CALLS_PER_SESSION = 256
 
 
 class SessionEndpoint:
-    """``/v1/chat/completions`` over ``client``; every answered call is kept under its session id."""
+    """``/c/<client>/v1/chat/completions`` over each client added (``url_for``); every answered call is
+    kept under its session id. One endpoint serves every client of its event loop: verifiers' env holds
+    one interception server at a time, so the clients a backend swaps in (Tinker's sampler per weight
+    version) must share it rather than each open their own beside it."""
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
+    def __init__(self, client: Any = None) -> None:
         self.secret = secrets.token_urlsafe(24)
         self.calls: dict[str, list[Any]] = defaultdict(list)
+        self.clients: dict[int, Any] = {}
+        self._first = client
         self._runner: Any = None
-        self.base_url = ""
+        self._root = ""
+        self.base_url = ""  # the first client's, when one was given at construction
+
+    def url_for(self, client: Any) -> str:
+        """The base URL under which ``client`` answers (added on first use, kept until the endpoint closes)."""
+        self.clients[id(client)] = client
+        return f"{self._root}/c/{id(client)}/v1"
 
     def take(self, session_id: str) -> list[Any]:
         """The responses recorded for ``session_id``, in order (forgotten here once taken)."""
@@ -47,17 +57,20 @@ class SessionEndpoint:
         from aiohttp import web
 
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/c/{client}/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = self._runner.addresses[0][1]
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._root = f"http://127.0.0.1:{port}"
+        if self._first is not None:
+            self.base_url = self.url_for(self._first)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.calls.clear()  # a rollout cut short by its deadline never took its calls
+        self.clients.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -68,6 +81,11 @@ class SessionEndpoint:
 
         if request.headers.get("Authorization") != f"Bearer {self.secret}":
             return _error(web, 401, "the bearer secret is missing or wrong.")
+        client = self.clients.get(
+            int(request.match_info["client"]) if request.match_info["client"].isdigit() else -1
+        )
+        if client is None:
+            return _error(web, 404, "no client is served under that path.")
         session = request.headers.get(SESSION_HEADER, "")
         if len(self.calls.get(session, ())) >= MAX_CALLS_PER_SESSION:
             return _error(web, 429, f"session has made {MAX_CALLS_PER_SESSION} calls, its cap.")
@@ -80,9 +98,7 @@ class SessionEndpoint:
         body.pop("stream", None)  # the seat asks without streaming; verifiers frames any stream itself
         body.pop("stream_options", None)
         try:
-            response = await self.client.chat.completions.create(
-                **split_kwargs(body, AsyncCompletions.create)
-            )
+            response = await client.chat.completions.create(**split_kwargs(body, AsyncCompletions.create))
         except TypeError as exc:  # an argument the SDK's create does not take, as the SDK says it
             return _error(web, 400, " ".join(str(exc).split()))
         except Exception as exc:  # the engine's refusal, in OpenAI's error shape

@@ -7,25 +7,27 @@ on a loopback endpoint that records the sampled ids per agent trace (``v1_endpoi
 verifiers' ``null`` harness run in this process (``v1_seat``).
 
 Several agents (self-play seats, proposer and solver, a modeled user): a dataset row is one task × one
-trainable seat, and a rollout of it is a whole episode whose sample is that seat's trace, with that
-trace's reward. A group is therefore task × seat, the baseline the public multi-agent examples ask
-for (``kuhn_poker``: "per game x seat"), and it is the same on every backend because it lives in the
-rows. The other seats' traces of that episode are played but not trained on — each seat's own rows
-train it — and a seat that runs several times in one episode (``best_of_n``) trains on its first
-trace; ``v1/seat_traces`` counts them. Seats the env's ``setup()`` stands down (``trainable=False``)
-get no rows.
+trainable seat, and a rollout of it yields that seat's trace as its sample, with that trace's reward.
+A group is therefore task × seat, the baseline the public multi-agent examples ask for
+(``kuhn_poker``: "per game x seat"), and it is the same on every backend because it lives in the
+rows. The rollouts of one task's seats share episodes where they run together (``v1_sharing``), so
+one hand trains every trainable seat; a seat that runs several times in one episode (``best_of_n``)
+trains on its first trace, and ``v1/seat_traces`` counts them. Seats the env's ``setup()`` stands down
+(``trainable=False``) get no rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import time
 from typing import Any
 
 from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
+from bridges.adapters.verifiers.v1_sharing import SharedEpisodes
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
 from bridges.envs.types import State, StopReason
@@ -80,7 +82,7 @@ class V1Environment(Environment):
         from datasets import Dataset
 
         self.vf_env = vf_env
-        self._servings: dict[int, Serving] = {}
+        self._servings: dict[int, Serving] = {}  # by event loop
         taskset = vf_env.taskset
         try:
             self.tasks = list(taskset.head(MAX_TASKS) if taskset.INFINITE else taskset)
@@ -90,6 +92,8 @@ class V1Environment(Environment):
             ) from None
         if not self.tasks:
             raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' yields no tasks.")
+        self.rows_seats = seats
+        self.rows_together = len(seats)  # a task's seat rows, kept adjacent so their rollouts share episodes
         rows = [_row(index, task, seat) for index, task in enumerate(self.tasks) for seat in seats]
         super().__init__(
             dataset=lambda: Dataset.from_list(rows),
@@ -106,10 +110,11 @@ class V1Environment(Environment):
         state = self.init_state(row)
         args = self.merged_sampling_args(sampling_args)
         try:
-            task, seat = self.tasks[int(state.info["v1_task"])], str(state.info["v1_seat"])
+            task_index, seat = int(state.info["v1_task"]), str(state.info["v1_seat"])
             async with asyncio.timeout(self.rollout_timeout):
-                traces, responses = await self._episode(task, seat, client, model, args)
+                traces, responses, shared = await self._episode(task_index, seat, client, model, args)
             _fill(state, traces, responses)
+            state.metrics["v1/shared_episode"] = float(shared)
         except TimeoutError:
             self.mark_timed_out(state)
         except EpisodeFailed as failed:
@@ -122,32 +127,44 @@ class V1Environment(Environment):
         return state
 
     async def _episode(
-        self, task: Any, seat: str, client: Any, model: str, args: dict[str, Any]
-    ) -> tuple[list[Any], list[Any]]:
-        """One verifiers episode of ``task`` against ``client``: ``seat``'s traces in it (completion
-        order) and the responses the first of them got."""
-        from verifiers.v1.env import RunSlot
-        from verifiers.v1.types import SamplingConfig
-
-        sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None})
-        async with self._serving_for(client) as serving:
-            episode = await self.vf_env.run_slot(RunSlot(task), serving.context(model, sampling))
-            calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
+        self, task_index: int, seat: str, client: Any, model: str, args: dict[str, Any]
+    ) -> tuple[list[Any], list[Any], bool]:
+        """``seat``'s traces (completion order) in an episode of the task, the responses the first of
+        them got, and whether another seat's rollout played that episode (``v1_sharing``)."""
+        serving = self._serving_for()
+        key = serving.episodes.key(task_index, id(client), model, args)
+        played = functools.partial(self._play, serving, self.tasks[task_index], client, model, args)
+        (episode, calls), shared = await serving.episodes.play(key, seat, self.rows_seats, played)
         if episode.errors and not episode.traces:
             raise EpisodeFailed(episode.errors[0])
         mine = [trace for trace in episode.traces if trace.agent.name == seat]
         if not mine:
             raise EpisodeFailed.of(f"the episode ran no '{seat}' agent ({len(episode.traces)} traces).")
-        mine[0].errors.extend(episode.errors)  # a failed finalize() is this sample's failure too
-        return mine, calls[mine[0].id]
+        return mine, calls[mine[0].id], shared
 
-    def _serving_for(self, client: Any) -> Serving:
-        """The client's serving resources in this event loop; one made in another loop (a backend
-        that runs each step or trajectory in a loop of its own) is replaced, having closed itself."""
+    async def _play(
+        self, serving: Serving, task: Any, client: Any, model: str, args: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """One verifiers episode of ``task`` answered by ``client``, and every trace's responses."""
+        from verifiers.v1.env import RunSlot
+        from verifiers.v1.types import SamplingConfig
+
+        sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None})
+        async with serving:
+            episode = await self.vf_env.run_slot(RunSlot(task), serving.context(client, model, sampling))
+            calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
+        firsts = {trace.agent.name: trace for trace in reversed(episode.traces)}  # each seat's first trace
+        for trace in firsts.values():  # a failed finalize() is the failure of every seat's sample
+            trace.errors.extend(episode.errors)
+        return episode, calls
+
+    def _serving_for(self) -> Serving:
+        """The serving resources of the running event loop; one made in another loop (a backend that
+        runs each step or trajectory in a loop of its own) is replaced, having closed itself."""
         loop = asyncio.get_running_loop()
-        serving = self._servings.get(id(client))
-        if serving is None or serving.loop is not loop or serving.client is not client:
-            serving = self._servings[id(client)] = Serving(self.vf_env, client, loop)
+        serving = self._servings.get(id(loop))
+        if serving is None or serving.loop is not loop:
+            serving = self._servings[id(loop)] = Serving(self.vf_env, loop)
         return serving
 
     async def score_group(self, states: list[State]) -> None:
@@ -157,23 +174,24 @@ class V1Environment(Environment):
 class Serving:
     """verifiers' serving resources (interception server, shared tools) and our endpoint, open while
     any rollout of one event loop runs: verifiers multiplexes concurrent rollouts over one interception
-    server and one model client, and opening them per rollout cost ~80 ms (two TLS contexts)."""
+    server, which its env holds one of at a time, and opening them per rollout cost ~80 ms (two TLS
+    contexts). Every client of the loop is answered on the one endpoint, under a path of its own."""
 
-    def __init__(self, vf_env: Any, client: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.vf_env, self.client, self.loop = vf_env, client, loop
-        self.endpoint = SessionEndpoint(client)
+    def __init__(self, vf_env: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.vf_env, self.loop = vf_env, loop
+        self.endpoint = SessionEndpoint()
+        self.episodes: SharedEpisodes[tuple[Any, dict[str, Any]]] = SharedEpisodes()
         self.key_var = f"BRIDGES_V1_ENDPOINT_{id(self):x}"  # verifiers' client reads its key from one
         self._users = 0
         self._lock = asyncio.Lock()
         self._stack: contextlib.AsyncExitStack | None = None
 
-    def context(self, model: str, sampling: Any) -> Any:
+    def context(self, client: Any, model: str, sampling: Any) -> Any:
         from verifiers.v1.clients import ModelContext
         from verifiers.v1.configs.client import EvalClientConfig
 
-        return ModelContext(
-            model, EvalClientConfig(base_url=self.endpoint.base_url, api_key_var=self.key_var), sampling
-        )
+        config = EvalClientConfig(base_url=self.endpoint.url_for(client), api_key_var=self.key_var)
+        return ModelContext(model, config, sampling)
 
     async def __aenter__(self) -> Serving:
         async with self._lock:

@@ -210,6 +210,9 @@ class Environment:
     # why saved traces of this environment cannot be scored again (``bridges.rescore``), or None when
     # its rubric needs only what a trace keeps (prompt, completion, answer, info, task)
     rescore_refusal: str | None = None
+    # how many consecutive dataset rows belong together (a multi-agent task's seat rows): the bundled
+    # trainer's and Tinker's data order shuffles such blocks whole, so their rollouts run in one batch
+    rows_together: int = 1
 
     def __init__(
         self,

@@ -397,7 +397,8 @@ async def _run(config: TrainConfig) -> int:
     rollouts = _rollouts(run)
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx))  # fmt: skip
+                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
+                   rows_together=run.env.rows_together)  # fmt: skip
     try:
         await learner.push_weights()  # the engine samples the policy (a resumed one too) from the first rollout
         await run_training(config, spec, learner, run.start)

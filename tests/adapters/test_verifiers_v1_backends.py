@@ -74,6 +74,11 @@ def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
         first = trace["completion"][0]
         assert (first["role"], first["content"]) == ("system", f"You are player {seat[-1]}.")
         assert trace["metrics"]["hits"] == trace["reward"]
+    # a batch is one task's two seat rows (kept adjacent): each hand trains both seats, so of every
+    # step's four rollouts two played their episode and two took their seat's trace from it
+    for step in (1, 2):
+        shared = [t["metrics"]["v1/shared_episode"] for t in traces if t["provenance"]["step"] == step]
+        assert sorted(shared) == [0.0, 0.0, 1.0, 1.0], shared
 
 
 def _info(trace: dict[str, Any]) -> dict[str, Any]:

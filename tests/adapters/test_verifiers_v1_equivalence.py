@@ -141,3 +141,38 @@ async def test_a_toolset_server_that_dies_is_a_masked_rollout_and_no_process_out
     assert state.stop_reason == "timeout" and state.reward is None and not state.trainable
     assert "exceeded its 5s deadline" in (state.error or ""), state.error
     assert processes_marked(marker) == []
+
+
+class _SlowEngine(ScriptedEngine):
+    def __init__(self, tokenizer: Any, delay: float) -> None:
+        super().__init__(tokenizer)
+        self.delay = delay
+
+    async def generate(self, prompt_ids: list[int], params: Any, n: int = 1) -> Any:
+        import asyncio
+
+        await asyncio.sleep(self.delay)
+        return await super().generate(prompt_ids, params, n)
+
+
+async def test_two_clients_of_one_loop_share_verifiers_one_interception_server(qwen_tokenizer: Any):
+    """Tinker swaps in a sampling client per weight version while the last batch still runs. verifiers'
+    env holds one interception server at a time, so both clients are answered on one endpoint: a
+    second server opened beside the first took its place, and the first rollout started after that
+    lost its calls when the second client's batch ended and closed it."""
+    import asyncio
+
+    from bridges.client import EngineClient
+
+    env = load_environment("repeat_letter_taskset", taskset={"num_tasks": 2})
+    row = dict(env.get_dataset()[0])
+    old, new = (EngineClient(_SlowEngine(qwen_tokenizer, 0.6), model_name="scripted") for _ in range(2))
+
+    async def rollout(client: Any, start: float) -> Any:
+        await asyncio.sleep(start)
+        return (await run_group(env, dict(row), client, 1, dict(SAMPLING), model="scripted")).states[0]
+
+    # the old client's first rollout holds its serving open; the new client's runs 0.2-0.8 s; the old
+    # client's second starts at 0.4 s, while both are open, and is still waiting when the new one ends
+    states = await asyncio.gather(rollout(old, 0.0), rollout(new, 0.2), rollout(old, 0.4))
+    assert [s.error for s in states] == [None] * 3 and all(s.stop_reason == "completed" for s in states)

@@ -1,0 +1,91 @@
+"""One multi-agent episode trains every trainable seat: the rollouts of one task's seats share it.
+
+A dataset row of a multi-agent env is one task × one trainable seat (``v1_environment``), so that a
+group — the baseline GRPO compares a sample against — is task × seat on every backend. Played one
+episode per row, each hand would train one seat and throw the other seats' traces away: half the
+compute for two seats. Here a rollout of (task, seat) first looks for an episode of the same task,
+model and sampling arguments that another seat's rollout started and whose ``seat`` trace nobody has
+claimed; it takes that trace, or starts an episode that the other seats may claim in turn. Both seats
+of a self-play hand so become samples, each in its own seat's group, from one episode.
+
+Which rollouts meet depends on scheduling, never on correctness: a rollout that finds no partner plays
+its own episode, exactly as before. Backends that run a batch's rollouts together meet (the bundled
+trainer and Tinker keep a task's seat rows adjacent in their data order, ``Environment.rows_together``;
+TRL where its sampler puts them in one batch); verl runs each trajectory in an event loop of its own,
+where each plays its own. A finished episode stays claimable for ``CLAIM_WINDOW_S``; the sampling
+arguments carry the batch's seed, so a later batch never takes an earlier batch's trace.
+
+An episode is shielded from any one waiter: a rollout that times out leaves it to the others, and it is
+cancelled only when no rollout waits for it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+CLAIM_WINDOW_S = 60.0  # how long a finished episode's unclaimed seat traces may still be taken
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(eq=False)
+class _Episode(Generic[T]):
+    task: asyncio.Future[T]
+    unclaimed: set[str]
+    waiters: int = 0
+
+
+class SharedEpisodes(Generic[T]):
+    """Episodes of one event loop, each shared by at most one rollout per trainable seat."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[_Episode[T]]] = {}
+
+    @staticmethod
+    def key(task_index: int, client: int, model: str, args: dict[str, Any]) -> str:
+        """Rollouts meet only on the same task, client (weights), model name and sampling arguments."""
+        return json.dumps([task_index, client, model, args], sort_keys=True, default=str)
+
+    async def play(
+        self, key: str, seat: str, seats: list[str], start: Callable[[], Awaitable[T]]
+    ) -> tuple[T, bool]:
+        """The episode this rollout of ``seat`` takes its trace from, and whether another rollout played it."""
+        episode, shared = self._claim(key, seat), True
+        if episode is None:
+            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}), False
+            if episode.unclaimed:
+                self._open.setdefault(key, []).append(episode)
+                episode.task.add_done_callback(lambda _: self._close_later(key, episode))
+        episode.waiters += 1
+        try:
+            return await asyncio.shield(episode.task), shared
+        finally:
+            episode.waiters -= 1
+            if episode.waiters == 0 and not episode.task.done():  # everyone who wanted it gave up
+                episode.task.cancel()
+                self._close(key, episode)
+
+    def _claim(self, key: str, seat: str) -> _Episode[T] | None:
+        for episode in self._open.get(key, []):
+            if seat in episode.unclaimed and not episode.task.cancelled():
+                episode.unclaimed.discard(seat)
+                if not episode.unclaimed:
+                    self._close(key, episode)
+                return episode
+        return None
+
+    def _close_later(self, key: str, episode: _Episode[T]) -> None:
+        if not episode.task.cancelled():
+            episode.task.exception()  # read here, so a failure no waiter is left to see is not reported
+        asyncio.get_running_loop().call_later(CLAIM_WINDOW_S, self._close, key, episode)
+
+    def _close(self, key: str, episode: _Episode[T]) -> None:
+        episodes = self._open.get(key, [])
+        if episode in episodes:
+            episodes.remove(episode)
+        if not episodes:
+            self._open.pop(key, None)
