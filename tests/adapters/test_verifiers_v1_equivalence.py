@@ -176,3 +176,21 @@ async def test_two_clients_of_one_loop_share_verifiers_one_interception_server(q
     # client's second starts at 0.4 s, while both are open, and is still waiting when the new one ends
     states = await asyncio.gather(rollout(old, 0.0), rollout(new, 0.2), rollout(old, 0.4))
     assert [s.error for s in states] == [None] * 3 and all(s.stop_reason == "completed" for s in states)
+
+
+async def test_a_tool_that_raises_answers_the_model_with_its_error_and_the_rollout_goes_on(qwen_tokenizer: Any):
+    """The toolset's ``repeat`` raises past 64 letters: the model reads the error as the tool's answer
+    (as verifiers' null program shows it), and the rollout completes, scored as usual."""
+    import re
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "the tool refused"
+        name = re.search(r'"name": "(\w+)"', prompt.split("<tools>", 1)[1]).group(1)  # type: ignore[union-attr]
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {{"letter": "c", "times": 100}}}}\n</tool_call>'
+
+    engine = ScriptedEngine(qwen_tokenizer, script)
+    (state,) = (await _ours("vf_v1_tools_taskset", {"taskset": {"num_tasks": 1}}, qwen_tokenizer, engine)).values()
+    tool_messages = [m for m in state.completion if m["role"] == "tool"]
+    assert len(tool_messages) == 1 and "at most 64 letters" in str(tool_messages[0]["content"])
+    assert state.completion[-1]["content"] == "the tool refused" and state.reward == 0.0 and len(state.turns) == 2
