@@ -340,6 +340,10 @@ def _finish_tools(request: ChatRequest, path: str) -> None:
         return
     if not request.tools:
         raise _bad(f"'tool_choice'={request.tool_choice!r} needs 'tools' to call.", "tool_choice", path)
+    if request.tool_choice == "required" and len(request.tools) == 1:
+        # one declared tool: the only call allowed is to it, so its name is prefilled too (what a
+        # constrained decoder would force), and the model writes only the arguments
+        request.tool_name = request.tools[0]["function"]["name"]
     if request.tool_name is not None:
         names = [t["function"]["name"] for t in request.tools]
         if request.tool_name not in names:

@@ -67,6 +67,7 @@ from bridges.client.responses import (
     validate_with_ids,
 )
 from bridges.client.streaming import sse_body, stream_chunks
+from bridges.client.tool_calls import ForcedCall
 from bridges.envs.messages import to_message_dict
 from bridges.envs.types import Engine, Sample, SamplingParams
 from bridges.runtime.deadlines import Deadline
@@ -489,7 +490,7 @@ class EngineClient(openai.AsyncOpenAI):
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, CHAT_PATH)
 
         parse = self._tool_format.parse if request.parse_tools else None
-        forced = request.tool_name or "" if prefill else None
+        forced = ForcedCall(self._tool_format, request.tool_name or "") if prefill else None
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
         drifted = restart and parent is not None
         choices, records = [], []

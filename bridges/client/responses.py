@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from bridges.client.tool_calls import ParsedReply, ParsedToolCall, tool_call_id
+from bridges.client.tool_calls import ForcedCall, ParsedReply
 from bridges.envs.types import Sample
 
 
@@ -78,23 +78,22 @@ def chat_choice(
     parse: Callable[[str, Sequence[int]], ParsedReply] | None,
     logprobs: list[dict] | None,
     reasoning_markers: tuple[str, str] | None,
-    forced: str | None = None,
+    forced: ForcedCall | None = None,
 ) -> dict[str, Any]:
     """One ``choices[i]`` dict (message, finish_reason, extras).
 
-    ``forced``: the reply continues a prefilled tool-call opener (``tool_choice`` required: "", or
-    the named function), so it is a tool call even when the model wrote it too badly to parse; the
-    raw text then becomes the call's arguments, for the environment to answer with an error.
+    ``forced``: the reply continues a prefilled tool-call opener (``tool_choice`` required, or a
+    named function), so it is a tool call even when the model wrote it too badly to parse
+    (``ForcedCall.enforce``), for the environment or agent to answer with an error.
     """
     reasoning, content = split_reasoning(text, reasoning_markers)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     finish_reason: str = sample.finish_reason
     if parse is not None:
         parsed = parse(content, sample.token_ids)
+        if forced is not None:
+            parsed = forced.enforce(parsed, content, sample.token_ids)
         calls = parsed.tool_calls
-        if not calls and forced is not None:
-            calls = [ParsedToolCall(tool_call_id(sample.token_ids, 0), forced, content, valid=False)]
-            parsed = ParsedReply(None, calls)
         if calls:
             message["content"] = parsed.content
             message["tool_calls"] = [call.to_openai() for call in calls]

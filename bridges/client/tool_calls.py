@@ -44,6 +44,7 @@ _DEEPSEEK_FENCE_OPEN = "\n```json\n"
 _DEEPSEEK_FENCE_CLOSE = "\n```"
 _NAME_RE = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _DECODER = json.JSONDecoder()
+_OPENING = {"}": "{", "]": "["}
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,22 +249,66 @@ class ToolFormat:
     parse: Callable[[str, Sequence[int]], ParsedReply]
     opener_any: str
     opener_named: str
+    closers: tuple[str, ...] = ()  # what ends a named call after its arguments, outermost first
 
     def opener(self, function: str | None) -> str:
         if function is None:
             return self.opener_any
         return self.opener_named.replace("{name}", json.dumps(function, ensure_ascii=False)[1:-1])
 
+    def arguments_after(self, continuation: str) -> str:
+        """What the model wrote after a named opener, without the markup that closes the call: a
+        closing bracket goes only where it has no opening one in the text (so it is the call's)."""
+        body = continuation.strip()
+        for closer in self.closers:
+            opening = _OPENING.get(closer)
+            if not body.endswith(closer) or (opening and body.count(closer) <= body.count(opening)):
+                continue  # absent (a truncated reply), or the arguments' own bracket
+            body = body[: -len(closer)].rstrip()
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedCall:
+    """A reply that continues a prefilled tool-call opener (``tool_choice`` required, or a named
+    function: ``name``). It is a call whatever the model wrote: to the named function, with only what
+    the model wrote after the opener as its arguments when they do not parse (the client can answer
+    with an error); with ``required`` the model names the function, and a reply too broken to name one
+    is a call named "" holding the text the model wrote."""
+
+    format: ToolFormat
+    name: str  # "" for required: the model names the function
+
+    def enforce(self, parsed: ParsedReply, text: str, token_ids: Sequence[int]) -> ParsedReply:
+        opener = self.format.opener(self.name or None)
+        continuation = text[len(opener) :] if text.startswith(opener) else text
+        calls = list(parsed.tool_calls)
+        if not self.name:
+            return (
+                parsed
+                if calls
+                else ParsedReply(
+                    None, [ParsedToolCall(tool_call_id(token_ids, 0), "", continuation, valid=False)]
+                )
+            )
+        if not calls or not calls[0].valid or calls[0].name != self.name:
+            arguments = self.format.arguments_after(continuation)
+            calls[:1] = [ParsedToolCall(tool_call_id(token_ids, 0), self.name, arguments, valid=False)]
+        return ParsedReply(parsed.content, calls)
+
 
 TOOL_FORMATS: dict[str, ToolFormat] = {
-    "hermes": ToolFormat("hermes", parse_hermes, '<tool_call>\n{"name": "', '<tool_call>\n{"name": "{name}", "arguments": '),
-    "llama3_json": ToolFormat("llama3_json", parse_llama3_json, '{"name": "', '{"name": "{name}", "parameters": '),
-    "mistral": ToolFormat("mistral", parse_mistral, '[TOOL_CALLS] [{"name": "', '[TOOL_CALLS] [{"name": "{name}", "arguments": '),
+    "hermes": ToolFormat("hermes", parse_hermes, '<tool_call>\n{"name": "', '<tool_call>\n{"name": "{name}", "arguments": ',
+                         (_HERMES_CLOSE, "}")),
+    "llama3_json": ToolFormat("llama3_json", parse_llama3_json, '{"name": "', '{"name": "{name}", "parameters": ', ("}",)),
+    "mistral": ToolFormat("mistral", parse_mistral, '[TOOL_CALLS] [{"name": "', '[TOOL_CALLS] [{"name": "{name}", "arguments": ',
+                          ("]", "}")),
     "deepseek_v3": ToolFormat(
         "deepseek_v3",
         parse_deepseek_v3,
         f"{DEEPSEEK_CALLS_OPEN}{DEEPSEEK_CALL_OPEN}function{DEEPSEEK_SEP}",
         f"{DEEPSEEK_CALLS_OPEN}{DEEPSEEK_CALL_OPEN}function{DEEPSEEK_SEP}{{name}}{_DEEPSEEK_FENCE_OPEN}",
+        (DEEPSEEK_CALLS_CLOSE, DEEPSEEK_CALL_CLOSE, _DEEPSEEK_FENCE_CLOSE.strip()),
     ),
 }  # fmt: skip
 

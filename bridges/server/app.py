@@ -133,7 +133,9 @@ class _Endpoints:
             )
         return body
 
-    async def create(self, request: Any, create: Any, sdk_create: Any, required: tuple[str, ...]) -> Any:
+    async def create(
+        self, request: Any, create: Any, sdk_create: Any, required: tuple[str, ...], check: Any = None
+    ) -> Any:
         from openai import AsyncStream
         from starlette.responses import JSONResponse, StreamingResponse
 
@@ -142,6 +144,9 @@ class _Endpoints:
         body = self.unauthorized(request) or await self.read_request(request, required)
         if not isinstance(body, dict):
             return body
+        refusal = check(body) if check is not None else None
+        if refusal is not None:
+            return refusal
         try:
             response = await create(**split_kwargs(body, sdk_create))
         except TypeError as exc:  # an argument the SDK's create does not take, as the SDK would report it
@@ -159,7 +164,9 @@ class _Endpoints:
         from openai.resources.chat.completions import AsyncCompletions
 
         create = self.client.chat.completions.create
-        return await self.create(request, create, AsyncCompletions.create, ("model", "messages"))
+        return await self.create(
+            request, create, AsyncCompletions.create, ("model", "messages"), _wire_tool_calls
+        )
 
     async def completions(self, request: Any) -> Any:
         from openai.resources.completions import AsyncCompletions
@@ -199,6 +206,31 @@ class _Endpoints:
         return JSONResponse(self.document)
 
 
+def _wire_tool_calls(body: dict[str, Any]) -> Any:
+    """The 400 for an assistant message whose ``tool_calls`` are not OpenAI's wire format (a string
+    ``id``, ``type`` "function", a ``function`` with string ``name`` and ``arguments``), as this server's
+    OpenAPI document declares; None when every call is. In-process callers may pass the looser shapes
+    ``EngineClient`` accepts; on the wire, what the document says is what is taken."""
+    messages = body["messages"]
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not (
+                isinstance(function, dict)
+                and isinstance(call.get("id"), str)
+                and call.get("type") == "function"
+                and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str)
+            ):
+                where = f"messages[{i}].tool_calls[{j}]"
+                return _error_response(
+                    400, f"'{where}' must have a string 'id', 'type': 'function' and a 'function' with string "
+                    "'name' and 'arguments'.", param=where,
+                )  # fmt: skip
+    return None
+
+
 def _card(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "rl-bridges"}
 
@@ -207,6 +239,18 @@ async def _not_found(request: Any, exc: Exception) -> Any:
     return _error_response(
         404, f"{request.method} {request.url.path:.200} is not served here.", type_="not_found"
     )
+
+
+async def _not_allowed(request: Any, exc: Any) -> Any:
+    """A served path asked with another method: 405 with ``Allow`` naming the ones it takes (RFC 9110)."""
+    allow = ", ".join(sorted(exc.headers["Allow"].split(", ")))  # starlette's, from a set: sorted
+    response = _error_response(
+        405,
+        f"{request.method} is not allowed on {request.url.path:.200}; use {allow}.",
+        type_="method_not_allowed",
+    )
+    response.headers["Allow"] = allow
+    return response
 
 
 def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
@@ -225,7 +269,7 @@ def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | No
         Route("/health", e.health, methods=["GET"]),
         Route("/openapi.json", e.openapi, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_found})
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
     return _access_log(app) if limits.access_log else app
 
 
@@ -241,5 +285,3 @@ def serve_in_thread(
     check_bind(host, api_key)
     app = create_app(client, api_key=api_key, limits=limits)
     return ServerThread(app, host=host, port=port, log_level=log_level)
-
-

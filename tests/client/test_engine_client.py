@@ -343,3 +343,47 @@ async def test_post_as_verifiers_calls_it_answers_what_the_sdk_route_answers(mak
     streamed = await client.post("/chat/completions", body={**body, "stream": True}, cast_to=httpx.Response)
     assert streamed.headers["content-type"].startswith("text/event-stream")  # the transport's events
     assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+MUL_TOOL = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}
+NAMED_ADD = {"type": "function", "function": {"name": "add"}}
+
+
+@pytest.mark.parametrize(
+    ("reply", "arguments"),
+    [
+        ('{"a": 2, "b": 3}}\n</tool_call>', '{"a": 2, "b": 3}'),  # well-formed: parsed
+        ('{"a": 2, b}}\n</tool_call>', '{"a": 2, b}'),  # broken JSON: what the model wrote, no markup
+        ('{"a": 2, b', '{"a": 2, b'),  # cut short: kept as written
+        ("oops", "oops"),
+    ],
+)
+async def test_a_named_tool_choice_is_a_call_to_it_holding_only_what_the_model_wrote(
+    make_client, reply, arguments
+):
+    """The opener names the function and is ours: the call never carries it (LangChain parses these)."""
+    client, _ = make_client([reply])
+    r = await client.chat.completions.create(
+        model="m", messages=USER, tools=[ADD_TOOL, MUL_TOOL], tool_choice=NAMED_ADD
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "add" and call.function.arguments == arguments
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+
+
+async def test_required_with_one_tool_names_it_and_with_several_the_model_does(make_client, tok):
+    """One declared tool: the only call allowed, so its name is prefilled (the OpenAI Agents SDK
+    raised "Tool not found" on a call named ""). Several: the model's own choice, parsed."""
+    client, engine = make_client(['{"a": 1}}\n</tool_call>'])
+    r = await client.chat.completions.create(
+        model="m", messages=USER, tools=[ADD_TOOL], tool_choice="required"
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("add", '{"a": 1}')
+    assert tok.decode(r.prompt_token_ids).endswith('<tool_call>\n{"name": "add", "arguments": ')
+    client, _ = make_client(['mul", "arguments": {"a": 1}}\n</tool_call>'])
+    r = await client.chat.completions.create(
+        model="m", messages=USER, tools=[ADD_TOOL, MUL_TOOL], tool_choice="required"
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("mul", '{"a": 1}')

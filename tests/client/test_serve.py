@@ -98,6 +98,11 @@ def test_raw_http_edges(served):
         assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
         unknown = http.get("/v1/embeddings")
         assert unknown.status_code == 404 and "not served" in unknown.json()["error"]["message"]
+        for method in ("TRACE", "GET", "PUT"):  # a served path, the wrong method: 405 naming the right one
+            wrong = http.request(method, "/v1/chat/completions")
+            assert wrong.status_code == 405 and wrong.headers["Allow"] == "POST", method
+            assert wrong.json()["error"]["type"] == "method_not_allowed"
+        assert http.post("/v1/models").headers["Allow"] == "GET, HEAD"
 
 
 async def test_api_key_is_required_when_set(make_client):
@@ -176,3 +181,19 @@ def test_cli_serves_the_tiny_model_end_to_end(tiny_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_tool_calls_off_the_wire_format_are_refused_by_name(served):
+    """The server's OpenAPI document declares OpenAI's wire shape for tool calls; anything else is a 400."""
+    server, _, _ = served
+    good = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    broken = [{**good, "id": 7}, {k: v for k, v in good.items() if k != "type"}, {**good, "type": "code"},
+              {**good, "function": {"name": "add", "arguments": {"a": 1}}}, {**good, "function": {"name": "add"}}, "call"]  # fmt: skip
+    with httpx.Client(base_url=server.url) as http:
+        for call in broken:
+            messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "c1", "content": "2"}]  # fmt: skip
+            r = http.post("/v1/chat/completions", json={"model": "bridges", "messages": messages, "max_tokens": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].tool_calls[0]", call
+        messages[1]["tool_calls"] = [good]
+        assert http.post("/v1/chat/completions", json={"model": "bridges", "messages": messages, "max_tokens": 2}).status_code == 200

@@ -138,16 +138,15 @@ async def test_tool_choice_none_leaves_the_markup_as_text(path, tool_case):
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 async def test_forced_tool_choice_prefills_the_opener_into_the_prompt(path, tool_case, choice):
-    """The opener is prompt (mask 0), the call is OpenAI-shaped, and the next turn extends it exactly."""
+    """The opener is prompt (mask 0), the call is OpenAI-shaped, and the next turn extends it exactly.
+    With one declared tool, ``required`` prefills its name as a named choice does."""
     tok = path.tokenizer
     create = path.client.chat.completions.create
     free = await create(model="tiny-tool", messages=tool_case.prompt, tools=tool_case.tools, **GREEDY)
     r = await create(
         model="tiny-tool", messages=tool_case.prompt, tools=tool_case.tools, tool_choice=choice, **GREEDY
     )
-    opener = (
-        '<tool_call>\n{"name": "' if choice == "required" else '<tool_call>\n{"name": "add", "arguments": '
-    )
+    opener = '<tool_call>\n{"name": "add", "arguments": '  # one declared tool: required names it too
     opener_ids = tok.backend_tokenizer.encode(opener, add_special_tokens=False).ids
     assert r.prompt_token_ids == free.prompt_token_ids + opener_ids
     [call] = r.choices[0].message.tool_calls

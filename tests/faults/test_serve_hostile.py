@@ -69,7 +69,7 @@ BAD = [  # (body, status, a piece of the message, the param named)
     (chat(seed=2**70), 400, "'seed' must be an integer", "seed"),
     (chat(tools=5), 400, "'tools' must be a list of tool definitions.", "tools"),
     (chat(tools=[{"type": "function"}]), 400, "'tools[0]' must be", "tools[0]"),
-    (chat(messages=[{"role": "assistant", "tool_calls": [{"id": "1"}]}]), 400, "needs a function", "messages[0].tool_calls[0]"),
+    (chat(messages=[{"role": "assistant", "tool_calls": [{"id": "1"}]}]), 400, "must have a string 'id'", "messages[0].tool_calls[0]"),
     (chat(unknown_key=1), 400, "extra_body key 'unknown_key' is not supported", "unknown_key"),
     ({"model": "tiny", "prompt": "\udfff"}, 400, "unpaired UTF-16 surrogate", "prompt"),
 ]  # fmt: skip
