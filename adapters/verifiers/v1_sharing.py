@@ -11,11 +11,12 @@ of a self-play hand so become samples, each in its own seat's group, from one ep
 Which rollouts meet depends on scheduling, never on correctness: a rollout that finds no partner plays
 its own episode, exactly as before. Backends that run a batch's rollouts together meet (the bundled
 trainer and Tinker keep a task's seat rows adjacent in their data order, ``Environment.rows_together``;
-TRL and verl where their samplers put them in one batch, for verl in one worker's share of it). A
-finished episode stays claimable for ``CLAIM_WINDOW_S``, for a partner that starts a little late. The
-bundled trainer's and Tinker's sampling arguments carry the batch's seed, so a later batch never
-takes an earlier batch's trace there; TRL's and verl's carry none, so a trace finished less than that
-before their next batch starts may go to it, one weight update old: hence a short window.
+TRL where its sampler puts them in one batch). verl gives each trajectory a client of its own (a
+sticky session on one rollout server), and rollouts of different clients never meet, so there each
+plays its own. A finished episode stays claimable for ``CLAIM_WINDOW_S``, for a partner that starts
+a little late. The bundled trainer's and Tinker's sampling arguments carry the batch's seed, so a
+later batch never takes an earlier batch's trace there; TRL's carry none, so a trace finished less
+than that before its next batch starts may go to it, one weight update old: hence a short window.
 
 An episode is shielded from any one waiter: a rollout that times out leaves it to the others, and it is
 cancelled only when no rollout waits for it any more.
