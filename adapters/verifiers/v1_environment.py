@@ -134,7 +134,7 @@ class V1Environment(Environment):
         serving = self._serving_for()
         key = serving.episodes.key(task_index, id(client), model, args)
         played = functools.partial(self._play, serving, self.tasks[task_index], client, model, args)
-        (episode, calls), shared = await serving.episodes.play(key, seat, self.rows_seats, played)
+        (episode, calls), shared = await serving.episodes.play(key, seat, self.rows_seats, played, client)
         if episode.errors and not episode.traces:
             raise EpisodeFailed(episode.errors[0])
         mine = [trace for trace in episode.traces if trace.agent.name == seat]

@@ -39,6 +39,7 @@ T = TypeVar("T")
 class _Episode(Generic[T]):
     task: asyncio.Future[T]
     unclaimed: set[str]
+    anchor: Any  # what the key names by id (the client): alive while claimable, so no id is reused
     waiters: int = 0
 
 
@@ -54,12 +55,12 @@ class SharedEpisodes(Generic[T]):
         return json.dumps([task_index, client, model, args], sort_keys=True, default=str)
 
     async def play(
-        self, key: str, seat: str, seats: list[str], start: Callable[[], Awaitable[T]]
+        self, key: str, seat: str, seats: list[str], start: Callable[[], Awaitable[T]], anchor: Any = None
     ) -> tuple[T, bool]:
         """The episode this rollout of ``seat`` takes its trace from, and whether another rollout played it."""
         episode, shared = self._claim(key, seat), True
         if episode is None:
-            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}), False
+            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}, anchor), False
             if episode.unclaimed:
                 self._open.setdefault(key, []).append(episode)
                 episode.task.add_done_callback(lambda _: self._close_later(key, episode))
