@@ -35,14 +35,12 @@ class SessionEndpoint:
     one interception server at a time, so the clients a backend swaps in (Tinker's sampler per weight
     version) must share it rather than each open their own beside it."""
 
-    def __init__(self, client: Any = None) -> None:
+    def __init__(self) -> None:
         self.secret = secrets.token_urlsafe(24)
         self.calls: dict[str, list[Any]] = defaultdict(list)
         self.clients: dict[int, Any] = {}
-        self._first = client
         self._runner: Any = None
         self._root = ""
-        self.base_url = ""  # the first client's, when one was given at construction
 
     def url_for(self, client: Any) -> str:
         """The base URL under which ``client`` answers (added on first use, kept until the endpoint closes)."""
@@ -64,8 +62,6 @@ class SessionEndpoint:
         await site.start()
         port = self._runner.addresses[0][1]
         self._root = f"http://127.0.0.1:{port}"
-        if self._first is not None:
-            self.base_url = self.url_for(self._first)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
-from bridges.adapters.verifiers.v1_sharing import SharedEpisodes
+from bridges.adapters.verifiers.v1_sharing import Match, SharedEpisodes
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
 from bridges.envs.types import State, StopReason
@@ -92,7 +92,7 @@ class V1Environment(Environment):
             ) from None
         if not self.tasks:
             raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' yields no tasks.")
-        self.rows_seats = seats
+        self.trainable_seats = seats
         self.rows_together = len(seats)  # a task's seat rows, kept adjacent so their rollouts share episodes
         rows = [_row(index, task, seat) for index, task in enumerate(self.tasks) for seat in seats]
         super().__init__(
@@ -132,9 +132,9 @@ class V1Environment(Environment):
         """``seat``'s traces (completion order) in an episode of the task, the responses the first of
         them got, and whether another seat's rollout played that episode (``v1_sharing``)."""
         serving = self._serving_for()
-        key = serving.episodes.key(task_index, id(client), model, args)
         played = functools.partial(self._play, serving, self.tasks[task_index], client, model, args)
-        (episode, calls), shared = await serving.episodes.play(key, seat, self.rows_seats, played, client)
+        match = Match(task_index, client, model, args)
+        (episode, calls), shared = await serving.episodes.play(match, seat, self.trainable_seats, played)
         if episode.errors and not episode.traces:
             raise EpisodeFailed(episode.errors[0])
         mine = [trace for trace in episode.traces if trace.agent.name == seat]

@@ -35,11 +35,26 @@ CLAIM_WINDOW_S = 5.0  # how long a finished episode's unclaimed seat traces may 
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """What rollouts must share to share an episode: the task, the client (its weights), the model
+    name and the sampling arguments."""
+
+    task: int
+    client: Any
+    model: str
+    args: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.task, id(self.client), self.model, self.args], sort_keys=True, default=str)
+
+
 @dataclasses.dataclass(eq=False)
 class _Episode(Generic[T]):
     task: asyncio.Future[T]
     unclaimed: set[str]
-    anchor: Any  # what the key names by id (the client): alive while claimable, so no id is reused
+    match: Match  # holds the client while claimable, so no later client can reuse its id in the key
     waiters: int = 0
 
 
@@ -49,18 +64,14 @@ class SharedEpisodes(Generic[T]):
     def __init__(self) -> None:
         self._open: dict[str, list[_Episode[T]]] = {}
 
-    @staticmethod
-    def key(task_index: int, client: int, model: str, args: dict[str, Any]) -> str:
-        """Rollouts meet only on the same task, client (weights), model name and sampling arguments."""
-        return json.dumps([task_index, client, model, args], sort_keys=True, default=str)
-
     async def play(
-        self, key: str, seat: str, seats: list[str], start: Callable[[], Awaitable[T]], anchor: Any = None
+        self, match: Match, seat: str, seats: list[str], start: Callable[[], Awaitable[T]]
     ) -> tuple[T, bool]:
         """The episode this rollout of ``seat`` takes its trace from, and whether another rollout played it."""
+        key = match.key
         episode, shared = self._claim(key, seat), True
         if episode is None:
-            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}, anchor), False
+            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}, match), False
             if episode.unclaimed:
                 self._open.setdefault(key, []).append(episode)
                 episode.task.add_done_callback(lambda _: self._close_later(key, episode))

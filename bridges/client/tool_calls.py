@@ -284,12 +284,10 @@ class ForcedCall:
         continuation = text[len(opener) :] if text.startswith(opener) else text
         calls = list(parsed.tool_calls)
         if not self.name:
-            return (
-                parsed
-                if calls
-                else ParsedReply(
-                    None, [ParsedToolCall(tool_call_id(token_ids, 0), "", continuation, valid=False)]
-                )
+            if calls:
+                return parsed
+            return ParsedReply(
+                None, [ParsedToolCall(tool_call_id(token_ids, 0), "", continuation, valid=False)]
             )
         if not calls or not calls[0].valid or calls[0].name != self.name:
             arguments = self.format.arguments_after(continuation)

@@ -42,7 +42,11 @@ def test_the_bundled_taskset_resolves_as_verifiers_resolves_an_id():
     assert len(env.get_dataset()) == 16 and env.rubric.get_reward_func_names() == ["trace_reward"]
     row = env.get_dataset()[0]
     (message,) = row["prompt"]
-    assert message["role"] == "user" and message["content"] in "abcdefgh" and row["info"] == {"v1_task": 0, "v1_seat": "agent"}
+    assert (
+        message["role"] == "user"
+        and message["content"] in "abcdefgh"
+        and row["info"] == {"v1_task": 0, "v1_seat": "agent"}
+    )
     assert env.rescore_refusal and "v1 taskset" in env.rescore_refusal
 
 
@@ -158,10 +162,11 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
     from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
 
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3}
-    async with SessionEndpoint(_client(tiny_path, "tiny")) as endpoint, httpx.AsyncClient() as http:
-        url = f"{endpoint.base_url}/chat/completions"
+    async with SessionEndpoint() as endpoint, httpx.AsyncClient() as http:
+        base_url = endpoint.url_for(_client(tiny_path, "tiny"))
+        url = f"{base_url}/chat/completions"
         auth = {"Authorization": f"Bearer {endpoint.secret}"}
-        assert endpoint.base_url.startswith("http://127.0.0.1:")
+        assert base_url.startswith("http://127.0.0.1:")
         assert (await http.post(url, json=chat)).status_code == 401
         assert (await http.post(url, json=chat, headers={"Authorization": "Bearer wrong"})).status_code == 401
         assert (await http.post(url, content=b"{not json", headers=auth)).status_code == 400

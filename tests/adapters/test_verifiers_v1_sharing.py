@@ -9,7 +9,7 @@ import random
 import pytest
 
 from bridges.adapters.verifiers import v1_sharing
-from bridges.adapters.verifiers.v1_sharing import SharedEpisodes
+from bridges.adapters.verifiers.v1_sharing import Match, SharedEpisodes
 from bridges.workflows.batches import rows_at
 
 SEATS = ["player0", "player1"]
@@ -36,7 +36,7 @@ class Episodes:
 
 async def test_a_group_of_each_seat_plays_one_episode_per_pair():
     pool: SharedEpisodes[int] = SharedEpisodes()
-    start, key = Episodes(), SharedEpisodes.key(0, 1, "m", {"seed": 7})
+    start, key = Episodes(), Match(0, 1, "m", {"seed": 7})
     results = await asyncio.gather(*(pool.play(key, seat, SEATS, start) for seat in SEATS for _ in range(3)))
     assert start.started == 3  # 6 rollouts, 3 hands
     mine = {seat: [r for (r, _), s in zip(results, [s for s in SEATS for _ in range(3)], strict=True) if s == seat]
@@ -48,8 +48,8 @@ async def test_a_group_of_each_seat_plays_one_episode_per_pair():
 async def test_different_tasks_clients_or_arguments_never_share():
     pool: SharedEpisodes[int] = SharedEpisodes()
     start = Episodes()
-    keys = [SharedEpisodes.key(0, 1, "m", {"seed": 1}), SharedEpisodes.key(0, 2, "m", {"seed": 1}),
-            SharedEpisodes.key(1, 1, "m", {"seed": 1}), SharedEpisodes.key(0, 1, "m", {"seed": 2})]  # fmt: skip
+    keys = [Match(0, 1, "m", {"seed": 1}), Match(0, 2, "m", {"seed": 1}),
+            Match(1, 1, "m", {"seed": 1}), Match(0, 1, "m", {"seed": 2})]  # fmt: skip
     seats = ["player0", "player1", "player1", "player1"]
     await asyncio.gather(*(pool.play(k, seat, SEATS, start) for k, seat in zip(keys, seats, strict=True)))
     assert start.started == 4
@@ -58,7 +58,7 @@ async def test_different_tasks_clients_or_arguments_never_share():
 async def test_a_finished_episode_is_claimable_for_the_window_then_not(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(v1_sharing, "CLAIM_WINDOW_S", 0.05)
     pool: SharedEpisodes[int] = SharedEpisodes()
-    start, key = Episodes(), SharedEpisodes.key(0, 1, "m", {})
+    start, key = Episodes(), Match(0, 1, "m", {})
     assert await pool.play(key, "player0", SEATS, start) == (1, False)
     assert await pool.play(key, "player1", SEATS, start) == (1, True)  # sequential, inside the window
     assert await pool.play(key, "player0", SEATS, start) == (2, False)
@@ -68,7 +68,7 @@ async def test_a_finished_episode_is_claimable_for_the_window_then_not(monkeypat
 
 async def test_a_waiter_that_gives_up_leaves_the_episode_to_its_partner_and_the_last_cancels_it():
     pool: SharedEpisodes[int] = SharedEpisodes()
-    start, key = Episodes(delay=0.2), SharedEpisodes.key(0, 1, "m", {})
+    start, key = Episodes(delay=0.2), Match(0, 1, "m", {})
     owner = asyncio.ensure_future(pool.play(key, "player0", SEATS, start))
     await asyncio.sleep(0)
     partner = asyncio.ensure_future(pool.play(key, "player1", SEATS, start))
@@ -86,7 +86,7 @@ async def test_a_waiter_that_gives_up_leaves_the_episode_to_its_partner_and_the_
 
 async def test_a_failed_episode_fails_every_seat_that_took_it():
     pool: SharedEpisodes[int] = SharedEpisodes()
-    start, key = Episodes(error=RuntimeError("run() raised")), SharedEpisodes.key(0, 1, "m", {})
+    start, key = Episodes(error=RuntimeError("run() raised")), Match(0, 1, "m", {})
     results = await asyncio.gather(*(pool.play(key, s, SEATS, start) for s in SEATS), return_exceptions=True)
     assert start.started == 1 and all(isinstance(r, RuntimeError) for r in results)
 
