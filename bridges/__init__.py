@@ -46,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "load_environment": "bridges.envs.registry",
     # the client layer
     "EngineClient": "bridges.client.engine_client",
+    # agents in other programs
+    "AgentEnv": "bridges.agents.agent_env",
+    "AgentOutcome": "bridges.agents.agent_run",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -55,6 +58,8 @@ __getattr__, __dir__ = lazy_exports("bridges", _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from bridges.agents.agent_env import AgentEnv
+    from bridges.agents.agent_run import AgentOutcome
     from bridges.client.engine_client import EngineClient
     from bridges.envs.base import Environment, GenerateResult
     from bridges.envs.judge import JudgeRubric

@@ -103,3 +103,9 @@ def test_logprob_probe_says_the_chunked_path_holds_in_both_dtypes():
     fields = dict(re.findall(r"(\w+)=(\S+)", _run(str(ROOT / "benchmarks/logprob_probe.py"), "--arch", "tiny")))
     assert fields["device"] == "cpu" and fields["fp32_chunked"] == fields["bf16_chunked"] == "true"
     assert float(fields["fp32_max_gap"]) < 1e-4 and float(fields["bf16_max_gap"]) < 1e-2
+
+
+def test_agent_sessions_prints_the_cost_of_each_route():
+    last = _fields(_run(str(ROOT / "benchmarks/agent_sessions.py"), "calls=20", "rounds=1").strip().splitlines()[-1])
+    assert set(last) == {"direct_us", "chat_us", "responses_us", "messages_us", "chat_ratio"}
+    assert all(value > 0 for value in last.values())

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("envs", ("bridges.envs",)),
     ("models", ("bridges.models",)),
     ("client", ("bridges.client",)),
+    ("agents", ("bridges.agents",)),
     ("runs", ("bridges.runs",)),
     ("public face", ("bridges",)),
     ("environments", ("bridges.environments",)),

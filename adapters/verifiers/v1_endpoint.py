@@ -10,19 +10,17 @@ response (token ids, logprobs) is kept under that session. The rollout then read
 engine sampled, whatever text verifiers' hooks later served to the agent. A per-rollout session keyed
 by a header is also the seam agents in other programs use.
 
-The endpoint runs in the rollout's own event loop (aiohttp, a verifiers dependency), binds 127.0.0.1
+The endpoint runs in the rollout's own event loop (aiohttp), binds 127.0.0.1
 only, and requires a bearer secret it makes itself.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections import defaultdict
 from typing import Any
 
-from bridges.client.api_errors import error_body
-from bridges.client.http_bodies import response_json, split_kwargs
+from bridges.agents.session_routes import parse_body
+from bridges.agents.sessions import Session, SessionRefusal, answer_chat
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -33,11 +31,13 @@ class SessionEndpoint:
     """``/c/<client>/v1/chat/completions`` over each client added (``url_for``); every answered call is
     kept under its session id. One endpoint serves every client of its event loop: verifiers' env holds
     one interception server at a time, so the clients a backend swaps in (Tinker's sampler per weight
-    version) must share it rather than each open their own beside it."""
+    version) must share it rather than each open their own beside it. Each call is answered by the
+    same session core as agents in other programs (``bridges.agents.sessions.answer_chat``: tool calls
+    checked, capped, recorded); verifiers names the session in a header rather than in the URL."""
 
     def __init__(self) -> None:
         self.secret = secrets.token_urlsafe(24)
-        self.calls: dict[str, list[Any]] = defaultdict(list)
+        self.sessions: dict[str, Session] = {}
         self.clients: dict[int, Any] = {}
         self._runner: Any = None
         self._root = ""
@@ -49,7 +49,8 @@ class SessionEndpoint:
 
     def take(self, session_id: str) -> list[Any]:
         """The responses recorded for ``session_id``, in order (forgotten here once taken)."""
-        return self.calls.pop(session_id, [])
+        session = self.sessions.pop(session_id, None)
+        return session.responses if session is not None else []
 
     async def __aenter__(self) -> SessionEndpoint:
         from aiohttp import web
@@ -65,7 +66,7 @@ class SessionEndpoint:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.calls.clear()  # a rollout cut short by its deadline never took its calls
+        self.sessions.clear()  # a rollout cut short by its deadline never took its calls
         self.clients.clear()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -73,7 +74,6 @@ class SessionEndpoint:
 
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web
-        from openai.resources.chat.completions import AsyncCompletions
 
         if request.headers.get("Authorization") != f"Bearer {self.secret}":
             return _error(web, 401, "the bearer secret is missing or wrong.")
@@ -82,26 +82,19 @@ class SessionEndpoint:
         )
         if client is None:
             return _error(web, 404, "no client is served under that path.")
-        session = request.headers.get(SESSION_HEADER, "")
-        if len(self.calls.get(session, ())) >= MAX_CALLS_PER_SESSION:
-            return _error(web, 429, f"session has made {MAX_CALLS_PER_SESSION} calls, its cap.")
         try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            return _error(web, 400, "the body is not JSON.")
-        if not isinstance(body, dict) or "messages" not in body:
-            return _error(web, 400, "the body must be a JSON object with messages.")
-        body.pop("stream", None)  # the seat asks without streaming; verifiers frames any stream itself
-        body.pop("stream_options", None)
-        try:
-            response = await client.chat.completions.create(**split_kwargs(body, AsyncCompletions.create))
-        except TypeError as exc:  # an argument the SDK's create does not take, as the SDK says it
-            return _error(web, 400, " ".join(str(exc).split()))
-        except Exception as exc:  # the engine's refusal, in OpenAI's error shape
-            status, payload = error_body(exc)
-            return web.json_response(payload, status=status)
-        self.calls[session].append(response)
-        return web.json_response(response_json(response))
+            body = parse_body(await request.read())
+        except web.HTTPRequestEntityTooLarge:
+            return _error(web, 413, f"the request body is larger than {MAX_BODY_BYTES} bytes.")
+        except SessionRefusal as refusal:
+            return _error(web, refusal.status, refusal.message)
+        key = request.headers.get(SESSION_HEADER, "")
+        session = self.sessions.get(key)
+        if session is None:  # verifiers sends each call with the seat's own model name and sampling
+            session = Session(key, client, str(body.get("model", "")), {}, max_calls=MAX_CALLS_PER_SESSION)
+            self.sessions[key] = session
+        status, payload = await answer_chat(session, body)
+        return web.json_response(payload, status=status)
 
 
 def _error(web: Any, status: int, message: str) -> Any:

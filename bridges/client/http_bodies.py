@@ -39,3 +39,29 @@ def split_kwargs(body: dict[str, Any], sdk_create: Any) -> dict[str, Any]:
 def response_json(response: Any) -> dict[str, Any]:
     """A response as the JSON an OpenAI-compatible server sends (token-id extras included)."""
     return response.model_dump(mode="json", exclude_unset=True)
+
+
+def tool_calls_problem(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(param, sentence) for the first assistant message whose ``tool_calls`` are not OpenAI's wire
+    format (a string ``id``, ``type`` "function", a ``function`` with string ``name`` and ``arguments``);
+    None when every call is. Every HTTP face (``bridges.serve``, per-rollout sessions) refuses such a
+    body with 400, as the OpenAPI document declares; in-process callers may pass the looser shapes
+    ``EngineClient`` accepts."""
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not (
+                isinstance(function, dict)
+                and isinstance(call.get("id"), str)
+                and call.get("type") == "function"
+                and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str)
+            ):
+                where = f"messages[{i}].tool_calls[{j}]"
+                return where, (
+                    f"'{where}' must have a string 'id', 'type': 'function' and a 'function' with string "
+                    "'name' and 'arguments'."
+                )
+    return None

@@ -296,19 +296,23 @@ class MultiTurnEnv(Environment):
         )
 
     async def _measure_drift(self, state: State, client: Any) -> None:
-        """Ask the client how far the recorded tokens drifted from a fresh render (never fails the rollout)."""
-        measure = getattr(client, "measure_drift", None)
-        if measure is None or not callable(measure) or not state.turns:
-            return
-        messages = state.messages
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-        if last < 0:
-            return
-        try:
-            result = measure(messages[: last + 1])
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, self.model_timeout)
-            if result is not None:
-                state.drift_tokens, state.drifted_turns = int(result[0]), int(result[1])
-        except Exception as exc:
-            state.extras["drift_error"] = describe_exception(exc)
+        await measure_drift(state, client, state.messages, self.model_timeout)
+
+
+async def measure_drift(state: State, client: Any, messages: list[dict[str, Any]], timeout: float) -> None:
+    """Ask the client how far the recorded tokens of ``messages`` (up to their last reply) drifted from
+    a fresh render, into ``state`` (never fails the rollout; a client without a ledger has no answer)."""
+    measure = getattr(client, "measure_drift", None)
+    if measure is None or not callable(measure) or not state.turns:
+        return
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    if last < 0:
+        return
+    try:
+        result = measure(messages[: last + 1])
+        if inspect.isawaitable(result):
+            result = await asyncio.wait_for(result, timeout)
+        if result is not None:
+            state.drift_tokens, state.drifted_turns = int(result[0]), int(result[1])
+    except Exception as exc:
+        state.extras["drift_error"] = describe_exception(exc)

@@ -69,8 +69,14 @@ def start(world: World, device: torch.device) -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
 
 
-def stop() -> None:
+def stop(finished: bool = False) -> None:
+    """Leave the process group. ``finished``: every process reached the end, so they first meet at a
+    barrier and tear down together; a process that tore its gloo pairs down while a peer was still
+    finishing its last collective was seen aborting ("terminate called without an active exception").
+    After an error there is no barrier: the peers may never arrive, and the launcher stops them."""
     if dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -399,12 +399,14 @@ async def _run(config: TrainConfig) -> int:
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
                    rows_together=run.env.rows_together)  # fmt: skip
+    finished = False
     try:
         await learner.push_weights()  # the engine samples the policy (a resumed one too) from the first rollout
         await run_training(config, spec, learner, run.start)
+        finished = True
     finally:
         await rollouts.aclose()
-        stop_processes()
+        stop_processes(finished)
     return 0
 
 

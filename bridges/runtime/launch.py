@@ -76,7 +76,7 @@ def worker_environment(rank: int, size: int, port: int) -> dict[str, str]:
             "OMP_NUM_THREADS": threads}  # fmt: skip
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: its own session, and SIGTERM when the launcher dies (Linux)."""
     os.setsid()
     with contextlib.suppress(OSError, AttributeError):
@@ -89,7 +89,7 @@ def launch(module: str, argv: Sequence[str], size: int, run_dir: Path) -> int:
     port = free_port()
     command = [sys.executable, "-m", module, *argv]
     processes = [
-        subprocess.Popen(command, env=worker_environment(rank, size, port), preexec_fn=_die_with_parent)
+        subprocess.Popen(command, env=worker_environment(rank, size, port), preexec_fn=die_with_parent)
         for rank in range(size)
     ]
     try:

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bridges.client.http_bodies import response_json, split_kwargs
+from bridges.client.http_bodies import response_json, split_kwargs, tool_calls_problem
 from bridges.runtime.http_server import ServerThread, check_bind
+from bridges.server.sessions import SessionEndpoints
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,17 @@ class _Endpoints:
         return _error_response(
             401, "missing or wrong API key: send 'Authorization: Bearer <api_key>'.", "invalid_api_key"
         )
+
+    async def read_raw(self, request: Any) -> bytes:
+        """The body's bytes, or ``SessionRefusal`` (413) past ``max_body_bytes``."""
+        from bridges.agents.sessions import SessionRefusal
+
+        limit = self.limits.max_body_bytes
+        try:
+            return await _read_body(request, limit)
+        except _BodyTooLarge:
+            raise SessionRefusal(413, f"the request body is larger than {limit} bytes (max_body_bytes).",
+                                 "body_too_large") from None  # fmt: skip
 
     async def read_request(self, request: Any, required: tuple[str, ...]) -> Any:
         """The JSON object of a request, or the 4xx response that refuses it."""
@@ -207,28 +219,9 @@ class _Endpoints:
 
 
 def _wire_tool_calls(body: dict[str, Any]) -> Any:
-    """The 400 for an assistant message whose ``tool_calls`` are not OpenAI's wire format (a string
-    ``id``, ``type`` "function", a ``function`` with string ``name`` and ``arguments``), as this server's
-    OpenAPI document declares; None when every call is. In-process callers may pass the looser shapes
-    ``EngineClient`` accepts; on the wire, what the document says is what is taken."""
-    messages = body["messages"]
-    for i, message in enumerate(messages if isinstance(messages, list) else []):
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        for j, call in enumerate(calls if isinstance(calls, list) else []):
-            function = call.get("function") if isinstance(call, dict) else None
-            if not (
-                isinstance(function, dict)
-                and isinstance(call.get("id"), str)
-                and call.get("type") == "function"
-                and isinstance(function.get("name"), str)
-                and isinstance(function.get("arguments"), str)
-            ):
-                where = f"messages[{i}].tool_calls[{j}]"
-                return _error_response(
-                    400, f"'{where}' must have a string 'id', 'type': 'function' and a 'function' with string "
-                    "'name' and 'arguments'.", param=where,
-                )  # fmt: skip
-    return None
+    """The 400 for tool calls off OpenAI's wire format (``tool_calls_problem``); None when they are on it."""
+    problem = tool_calls_problem(body)
+    return None if problem is None else _error_response(400, problem[1], param=problem[0])
 
 
 def _card(name: str) -> dict[str, Any]:
@@ -255,13 +248,16 @@ async def _not_allowed(request: Any, exc: Any) -> Any:
 
 def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
     """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
-    ``/health`` and ``/openapi.json``. Every client error is a 4xx in OpenAI's error shape."""
+    ``/health``, ``/openapi.json`` and per-rollout sessions (``bridges.server.sessions``). Every client
+    error is a 4xx in OpenAI's error shape."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
     limits = limits or ServeLimits()
     e = _Endpoints(client, api_key, limits)
+    sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw)
     routes = [
+        *sessions.routes(),
         Route("/v1/chat/completions", e.chat, methods=["POST"]),
         Route("/v1/completions", e.completions, methods=["POST"]),
         Route("/v1/models", e.models, methods=["GET"]),

@@ -54,7 +54,7 @@ def main(out: str, args: list[str]) -> None:
         sharded = any(isinstance(p, DTensor) for p in ctx.policy.parameters())
         tensors["result.loss"] = torch.tensor([result["loss"], result["grad_norm"], float(sharded)])
         save_file(tensors, out)
-    stop()
+    stop(finished=True)
 
 
 if __name__ == "__main__":

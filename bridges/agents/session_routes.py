@@ -1,0 +1,83 @@
+"""What a session answers, whatever HTTP server carries it: bytes in, status and bytes out.
+
+Two servers carry sessions — the loopback one inside a training process (aiohttp, in the rollouts'
+event loop) and ``bridges.serve`` (Starlette) — and both hand each request here, so a session
+behaves the same on either: one place parses bodies, refuses in one sentence, translates dialects
+and frames streams.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from bridges.agents import anthropic_dialect, responses_dialect
+from bridges.agents.sessions import Session, SessionRefusal, Sessions, answer_chat
+from bridges.agents.streams import chat_chunks, sse
+
+DIALECTS = {"responses": responses_dialect, "messages": anthropic_dialect}
+ROUTES = ("chat/completions", "responses", "messages")
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    allow: str | None = None  # for a 405
+
+
+def json_reply(status: int, payload: dict[str, Any]) -> Reply:
+    return Reply(status, json.dumps(payload, ensure_ascii=False).encode())
+
+
+def refusal_reply(status: int, message: str, code: str, anthropic: bool = False) -> Reply:
+    body = SessionRefusal(status, message, code).body()
+    return json_reply(status, anthropic_dialect.error_shape(body) if anthropic else body)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object, or the refusal that says why not."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise SessionRefusal(400, "the request body is not valid JSON.", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise SessionRefusal(400, "the request body must be a JSON object.", "invalid_json")
+    return body
+
+
+async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) -> Reply:
+    """One POST on ``/s/<session_id>/v1/<route>``."""
+    anthropic = route == "messages"
+    try:
+        session = sessions.find(session_id)
+        body = parse_body(raw)
+        dialect = DIALECTS.get(route)
+        chat = dialect.to_chat(body, session) if dialect is not None else body
+    except SessionRefusal as refusal:
+        return refusal_reply(refusal.status, refusal.message, refusal.code, anthropic)
+    status, payload = await answer_chat(session, chat)
+    if status != 200:
+        return json_reply(status, anthropic_dialect.error_shape(payload) if anthropic else payload)
+    if dialect is None:
+        if not body.get("stream"):
+            return json_reply(200, payload)
+        options = body.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return Reply(200, sse(chat_chunks(payload, usage), done=True), "text/event-stream")
+    translated = dialect.from_chat(payload, body, session)
+    if not body.get("stream"):
+        return json_reply(200, translated)
+    return Reply(200, sse(dialect.events(translated), named=True), "text/event-stream")
+
+
+def models(sessions: Sessions, session_id: str) -> Reply:
+    """``GET /s/<session_id>/v1/models``: the one model a session answers with."""
+    try:
+        session: Session = sessions.find(session_id)
+    except SessionRefusal as refusal:
+        return refusal_reply(refusal.status, refusal.message, refusal.code)
+    card = {"id": session.model, "object": "model", "created": 0, "owned_by": "rl-bridges"}
+    return json_reply(200, {"object": "list", "data": [card]})

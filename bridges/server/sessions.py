@@ -1,0 +1,111 @@
+"""Per-rollout sessions on ``bridges.serve``: a trainer or harness outside this process opens one per
+rollout, hands its base URL to the agent, and reads the token-exact turns back when the agent is done.
+
+    POST   /v1/sessions          {"max_calls": 64, "max_sampled_tokens": 65536, "sampling": {...}}
+                                 -> 201 {"id", "base_url", "anthropic_base_url"}
+    GET    /v1/sessions/{id}     -> the record: every answered call as a turn (prompt ids, sampled ids,
+                                    logprobs, finish reason, weight version, message), and over_cap
+    DELETE /v1/sessions/{id}     -> the same record; the session is closed (later calls: 410)
+    POST   /s/{id}/v1/chat/completions | /responses | /messages,  GET /s/{id}/v1/models
+
+Managing sessions takes the server's API key; calling one takes only its URL (the id is the
+capability, as for the in-process loopback server). The calls are answered by
+``bridges.agents.session_routes``, the same code the in-process server uses. At most
+``MAX_OPEN_SESSIONS`` are open at once (429 beyond): a harness that forgets to close them cannot
+grow the server without bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridges.agents import session_routes
+from bridges.agents.session_routes import ROUTES, Reply
+from bridges.agents.sessions import MAX_CALLS, MAX_SAMPLED_TOKENS, Session, SessionRefusal, Sessions
+
+MAX_OPEN_SESSIONS = 1024
+
+
+def _starlette(reply: Reply) -> Any:
+    from starlette.responses import Response
+
+    headers = {"Allow": reply.allow} if reply.allow else None
+    return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=headers)
+
+
+def _cap(body: dict[str, Any], key: str, default: int) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SessionRefusal(400, f"'{key}' must be a positive integer.", "invalid_session")
+    return value
+
+
+def session_record(session: Session) -> dict[str, Any]:
+    from bridges.envs.multiturn import turn_from_response
+
+    turns = [turn_from_response(r).model_dump(mode="json") for r in session.responses]
+    return {"id": session.id, "open": not session.closed, "over_cap": session.over_cap, "turns": turns}
+
+
+class SessionEndpoints:
+    """The session routes of one server, over its client; ``guard`` is the server's API-key check."""
+
+    def __init__(self, client: Any, model: str, guard: Any, read_body: Any) -> None:
+        self.client, self.model, self.guard, self.read_body = client, model, guard, read_body
+        self.sessions = Sessions()
+
+    async def open(self, request: Any) -> Any:
+        denied = self.guard(request)
+        if denied is not None:
+            return denied
+        try:
+            raw = await self.read_body(request)
+            body = session_routes.parse_body(raw) if raw.strip() else {}
+            if len(self.sessions) >= MAX_OPEN_SESSIONS:
+                raise SessionRefusal(429, f"{MAX_OPEN_SESSIONS} sessions are open, the most this server keeps; "
+                                     "close finished ones with DELETE /v1/sessions/{id}.", "too_many_sessions")  # fmt: skip
+            sampling = body.get("sampling", {})
+            if not isinstance(sampling, dict):
+                raise SessionRefusal(400, "'sampling' must be an object of sampling arguments.", "invalid_session")
+            caps = _cap(body, "max_calls", MAX_CALLS), _cap(body, "max_sampled_tokens", MAX_SAMPLED_TOKENS)
+        except SessionRefusal as refusal:
+            return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code))
+        session = self.sessions.open(self.client, self.model, sampling, *caps)
+        root = f"{str(request.base_url).rstrip('/')}/s/{session.id}"
+        payload = {"id": session.id, "base_url": f"{root}/v1", "anthropic_base_url": root}
+        return _starlette(session_routes.json_reply(201, payload))
+
+    async def record(self, request: Any) -> Any:
+        """GET: the session's record; DELETE: the same, and the session is closed."""
+        denied = self.guard(request)
+        if denied is not None:
+            return denied
+        try:
+            session = self.sessions.find(request.path_params["session"])
+        except SessionRefusal as refusal:
+            return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code))
+        if request.method == "DELETE":
+            self.sessions.close(session)
+        return _starlette(session_routes.json_reply(200, session_record(session)))
+
+    async def call(self, request: Any) -> Any:
+        route = request.url.path.split("/v1/", 1)[1]
+        try:
+            raw = await self.read_body(request)  # the server's own limit (413) applies
+        except SessionRefusal as refusal:
+            return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code,
+                                                           route == "messages"))  # fmt: skip
+        return _starlette(await session_routes.answer(self.sessions, request.path_params["session"], route, raw))
+
+    async def models(self, request: Any) -> Any:
+        return _starlette(session_routes.models(self.sessions, request.path_params["session"]))
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        return [
+            Route("/v1/sessions", self.open, methods=["POST"]),
+            Route("/v1/sessions/{session}", self.record, methods=["GET", "DELETE"]),
+            *(Route(f"/s/{{session}}/v1/{route}", self.call, methods=["POST"]) for route in ROUTES),
+            Route("/s/{session}/v1/models", self.models, methods=["GET"]),
+        ]
