@@ -134,4 +134,6 @@ class LoopbackServers:
                 held.users -= 1
                 if held.users == 0 and held.server is not None:
                     held.server = None
+                    if self._by_loop.get(id(loop)) is held:  # a backend with a loop per trajectory
+                        del self._by_loop[id(loop)]  # must not accumulate one entry per closed loop
                     await server.aclose()

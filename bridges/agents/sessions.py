@@ -138,6 +138,8 @@ def chat_arguments(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     problem = tool_calls_problem(body)
     if problem is not None:
         raise SessionRefusal(400, problem[1], "invalid_tool_calls")
+    if body.get("n", 1) not in (1, None):  # the record keeps one reply per call; more would be sampled unseen
+        raise SessionRefusal(400, "'n' must be 1 on a session: a rollout samples one reply per call.", "invalid_n")
     body = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "model")}
     kwargs = split_kwargs(body, AsyncCompletions.create)
     for key, value in session.forced.items():

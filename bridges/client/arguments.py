@@ -89,10 +89,23 @@ def _bad(message: str, param: str, path: str) -> Exception:
     return bad_request(message, param=param, path=path)
 
 
+def integral(value: Any) -> int | None:
+    """``value`` as an int when it is one, a float such as 2.0 included (JSON does not tell 2 from 2.0,
+    and JSON Schema's ``integer``, which the server's OpenAPI document uses, admits both); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _int(name: str, value: Any, path: str, minimum: int, maximum: int = 2**63 - 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    number = integral(value)
+    if number is None or not minimum <= number <= maximum:
         raise _bad(f"'{name}' must be an integer from {minimum} to {maximum}, got {value!r:.40}.", name, path)
-    return value
+    return number
 
 
 def _number(name: str, value: Any, path: str) -> float:
@@ -245,19 +258,19 @@ def _apply_extra_body(extra: Any, params: SamplingParams, path: str, allowed: tu
         if value is None or key == "return_token_ids":  # token ids are always returned
             continue
         if key == "top_k":
-            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            top_k = integral(value)
+            if top_k is None or top_k < -1:
                 raise _bad(
                     f"'top_k' must be -1 (disabled) or a positive integer, got {value!r}.", "top_k", path
                 )
-            params.top_k = value if value > 0 else -1
+            params.top_k = top_k if top_k > 0 else -1
         elif key == "stop_token_ids":
-            if not isinstance(value, (list, tuple)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in value
-            ):
+            ids = [integral(i) for i in value] if isinstance(value, (list, tuple)) else [None]
+            if any(i is None for i in ids):
                 raise _bad(
                     f"'stop_token_ids' must be a list of token ids, got {value!r}.", "stop_token_ids", path
                 )
-            params.stop_token_ids = list(value)
+            params.stop_token_ids = [i for i in ids if i is not None]
         elif key == "return_drift":
             return_drift = bool(value)
     return return_drift
@@ -441,12 +454,9 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
 
 
 def _completion_prompt(prompt: Any, path: str) -> str | list[int]:
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
-    ):
-        return list(prompt)
+    ids = [integral(i) for i in prompt] if isinstance(prompt, list) and prompt else [None]
+    if all(i is not None for i in ids):
+        return [i for i in ids if i is not None]
     if isinstance(prompt, str):
         check_text(prompt, "prompt", path)
         return prompt

@@ -118,7 +118,11 @@ def recording_responses() -> Iterator[list[Any]]:
     """Collect every chat completion an ``EngineClient`` returns inside this context (and tasks it starts).
 
     For code that calls the client through layers that drop the token-id extras on the way back
-    (verifiers' client wrappers): the recorded responses still carry them.
+    (verifiers' client wrappers): the recorded responses still carry them. It is a session's record
+    for code in this process (the legacy verifiers adapter uses it): code in another process, or
+    code that is handed a URL rather than a client object, gets a per-rollout session instead
+    (``bridges.agents``). Routing in-process code through a session would add an HTTP round trip
+    per call (about 6 ms against 0.2 ms: ``benchmarks/agent_sessions.py``) to reach the same record.
     """
     sink: list[Any] = []
     token = _RESPONSE_SINK.set(sink)
@@ -558,6 +562,10 @@ class EngineClient(openai.AsyncOpenAI):
         prompt_ids = renderer.encode(prompt) if isinstance(prompt, str) else prompt
         if not prompt_ids:
             raise bad_request("'prompt' encodes to zero tokens.", param="prompt", path=COMPLETIONS_PATH)
+        vocabulary = len(self.engine.tokenizer)
+        if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocabulary:
+            raise bad_request(f"'prompt' token ids must be from 0 to {vocabulary - 1} (the model's vocabulary).",
+                              param="prompt", path=COMPLETIONS_PATH)  # fmt: skip
         params = request.params
         self._budget(len(prompt_ids), request.max_tokens, params, COMPLETIONS_PATH)
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, COMPLETIONS_PATH)

@@ -94,7 +94,7 @@ class _Endpoints:
         self.client, self.limits = client, limits
         self.names = list(limits.model_names or (client.model_name,))
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.document = openapi_document(self.names, limits.max_n)
+        self.document = openapi_document(self.names, limits.max_n, len(client.engine.tokenizer))
 
     def unauthorized(self, request: Any) -> Any:
         """None when the request may pass, else the 401."""

@@ -32,33 +32,61 @@ _ERROR = {
 _TEXT_PART = {
     "type": "object",
     "required": ["type", "text"],
+    "additionalProperties": False,
     "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+}
+_TOOL_CALL = {
+    "type": "object",
+    "required": ["id", "type", "function"],
+    "additionalProperties": False,
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+        },
+    },
 }
 _MESSAGE = {
     "type": "object",
     "required": ["role"],
+    "additionalProperties": False,
     "properties": {
         "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
         "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
         "name": {"type": "string"},
         "tool_call_id": {"type": "string"},
-        "tool_calls": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "type", "function"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "type": {"type": "string", "enum": ["function"]},
-                    "function": {
-                        "type": "object",
-                        "required": ["name", "arguments"],
-                        "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-                    },
-                },
+        "reasoning_content": {"type": "string"},
+        "tool_calls": {"type": "array", "items": _TOOL_CALL},
+    },
+}
+_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "description": {"type": "string"},
+                "parameters": {"type": "object"},
+                "strict": {"type": "boolean"},
             },
         },
     },
+}
+# a forced call ("required" or a named function) needs tools to call; a named one must name one of them,
+# which JSON Schema cannot say, so the server refuses that case with 400 naming tool_choice
+_FORCED_NEEDS_TOOLS = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["auto", "none"]}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}},
 }
 
 
@@ -68,14 +96,24 @@ def _sampling(max_n: int) -> dict[str, Any]:
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "n": {"type": "integer", "minimum": 1, "maximum": max_n},
         "max_tokens": {"type": "integer", "minimum": 1},
-        "seed": {"type": "integer"},
+        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
         "stop": {
             "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}}]
         },
         "top_k": {"type": "integer", "minimum": -1},
         "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "stream_options": {
+            "type": "object", "additionalProperties": False, "properties": {"include_usage": {"type": "boolean"}}
+        },
     }
+
+
+# stream_options is refused unless stream is true (as OpenAI's API does), top_logprobs unless logprobs is
+_STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+_CHAT_DEPENDENCIES = {
+    **_STREAM_OPTIONS_NEED_STREAM,
+    "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
 
 
 def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -99,18 +137,24 @@ def _responses(ok: str) -> dict[str, Any]:
     }
 
 
-def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The chat and the completion request schemas."""
+def _request_bodies(
+    model_names: list[str], max_n: int, vocabulary: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chat and the completion request schemas. Closed (``additionalProperties: false``): a key
+    not listed here is refused by name, so the document says exactly what is taken."""
     model = {"type": "string", "enum": list(model_names)}
     chat = {
         "type": "object",
         "required": ["model", "messages"],
+        "additionalProperties": False,
+        "dependentSchemas": _CHAT_DEPENDENCIES,
+        **_FORCED_NEEDS_TOOLS,
         "properties": {
             "model": model,
             "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "logprobs": {"type": "boolean"},
-            "tools": {"type": "array", "items": {"type": "object"}},
+            "tools": {"type": "array", "items": _TOOL},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
             "tool_choice": {
                 "oneOf": [
@@ -130,16 +174,22 @@ def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any],
                 ]
             },
             "return_drift": {"type": "boolean"},
+            "user": {"type": "string"},
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+            "store": {"type": "boolean", "const": False},
+            "parallel_tool_calls": {"type": "boolean"},
             **_sampling(max_n),
         },
     }
-    token_ids = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    token_ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": vocabulary - 1}}
     completion = {
         "type": "object",
         "required": ["model", "prompt"],
+        "additionalProperties": False,
+        "dependentSchemas": _STREAM_OPTIONS_NEED_STREAM,
         "properties": {
             "model": model,
-            "prompt": {"oneOf": [{"type": "string"}, token_ids]},
+            "prompt": {"oneOf": [{"type": "string", "minLength": 1}, token_ids]},
             "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
             **_sampling(max_n),
         },
@@ -147,9 +197,10 @@ def _request_bodies(model_names: list[str], max_n: int) -> tuple[dict[str, Any],
     return chat, completion
 
 
-def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
-    """The OpenAPI 3.1 description of every endpoint the server answers."""
-    chat, completion = _request_bodies(model_names, max_n)
+def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of every endpoint the server answers (``vocabulary``: the tokenizer's
+    size, which bounds the token ids a completion prompt may hold)."""
+    chat, completion = _request_bodies(model_names, max_n, vocabulary)
 
     def post(operation: str, body: dict[str, Any], answer: str) -> dict[str, Any]:
         return {
@@ -160,7 +211,8 @@ def openapi_document(model_names: list[str], max_n: int) -> dict[str, Any]:
             }
         }
 
-    model_parameter = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    model_parameter = {"name": "model", "in": "path", "required": True,
+                       "schema": {"type": "string", "enum": list(model_names)}}  # fmt: skip
     return {
         "openapi": "3.1.0",
         "info": {"title": "rl-bridges engine server", "version": "0.1.0"},

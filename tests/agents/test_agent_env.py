@@ -43,8 +43,10 @@ async def test_the_agents_calls_are_the_rollout_and_the_rubric_sees_its_result(s
     def reward(state: Any) -> float:
         return float(len(state["agent"].result))
 
-    (state,) = await run(AgentEnv(two_calls, rubric=Rubric(funcs=[reward])), client)
+    env = AgentEnv(two_calls, rubric=Rubric(funcs=[reward]))
+    (state,) = await run(env, client)
     assert state.stop_reason == "completed" and state.error is None
+    assert env._servers._by_loop == {}  # the loop's server closed with its last rollout, and is forgotten
     assert [(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in state.turns] == engine.calls
     assert state.reward == len(state["agent"].result) == 6  # "bbbbbb" or the like: the script's reply
     assert [m["role"] for m in state.completion] == ["assistant", "user", "assistant"]

@@ -118,6 +118,7 @@ async def test_hostile_requests_get_a_4xx_in_openai_shape_and_nothing_is_recorde
             await http.post(f"{url}/chat/completions", json={"messages": "hi"}),
             await http.post(f"{url}/chat/completions", json={"messages": [*HELLO, bad_call]}),
             await http.post(f"{url}/chat/completions", json={"messages": HELLO, "bogus_option": 1}),
+            await http.post(f"{url}/chat/completions", json={"messages": HELLO, "n": 3}),
             await http.post(f"{url}/chat/completions", content=b" " * (MAX_BODY_BYTES + 1)),
             await http.get(f"{url}/chat/completions"),
             await http.post(f"{url}/../../s/{session.id}/v1/chat/completions", json={"messages": HELLO}),
@@ -125,10 +126,11 @@ async def test_hostile_requests_get_a_4xx_in_openai_shape_and_nothing_is_recorde
         ]
         models = await http.get(f"{url}/models")
     statuses = [a.status_code for a in answers]
-    assert statuses[:6] == [400, 400, 400, 400, 400, 413] and statuses[6] == 405, statuses
-    assert answers[6].headers["Allow"] == "POST"
+    assert statuses[:7] == [400, 400, 400, 400, 400, 400, 413] and statuses[7] == 405, statuses
+    assert answers[7].headers["Allow"] == "POST"
     assert all(400 <= s < 500 for s in statuses), statuses
     assert all(isinstance(a.json()["error"]["message"], str) for a in answers)
     assert "messages[1].tool_calls[0]" in answers[3].json()["error"]["message"]
-    assert statuses[7:] == [404, 404] and not session.responses  # '..' resolves to no session's path
+    assert "'n' must be 1 on a session" in answers[5].json()["error"]["message"]
+    assert statuses[8:] == [404, 404] and not session.responses  # '..' resolves to no session's path
     assert models.json()["data"][0]["id"] == "m"

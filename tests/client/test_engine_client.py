@@ -68,6 +68,23 @@ async def test_sampling_arguments_reach_the_engine(make_client):
     assert (params.stop, params.top_k, params.stop_token_ids) == (["\n\n", "END"], 5, [7])
 
 
+async def test_integral_floats_are_integers_and_prompt_ids_stay_inside_the_vocabulary(make_client):
+    """JSON does not tell 2 from 2.0 (nor does JSON Schema's integer, which bridges.serve documents)."""
+    client, engine = make_client(["ok"])
+    await client.chat.completions.create(model="m", messages=USER, n=2.0, max_tokens=5.0, seed=3.0,
+                                         extra_body={"top_k": 4.0, "stop_token_ids": [7.0]})  # fmt: skip
+    params = engine.calls[-1].params
+    assert (engine.calls[-1].n, params.max_tokens, params.seed, params.top_k, params.stop_token_ids) == (2, 5, 3, 4, [7])
+    assert all(type(v) is int for v in (params.max_tokens, params.seed, params.top_k, *params.stop_token_ids))
+    await client.completions.create(model="m", prompt=[5.0, 6.0], max_tokens=2)
+    assert engine.calls[-1].prompt_ids == [5, 6]
+    for bad in ([5, len(client.engine.tokenizer)], [-1], [2.5]):
+        with pytest.raises(openai.BadRequestError, match="prompt"):
+            await client.completions.create(model="m", prompt=bad, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="'n' must be an integer"):
+        await client.chat.completions.create(model="m", messages=USER, n=2.5)
+
+
 async def test_max_tokens_defaults_to_the_rest_of_the_context_window(make_client):
     client, engine = make_client(["ok"], engine_kwargs={"max_model_len": 100})
     r = await client.chat.completions.create(model="m", messages=USER)
