@@ -30,3 +30,14 @@ def scripted(qwen_tokenizer: Any) -> Any:
         return EngineClient(engine, model_name="scripted"), engine
 
     return make
+
+
+@pytest.fixture
+async def server() -> Any:
+    """A loopback session server in the test's event loop."""
+    from bridges.agents.loopback import LoopbackServer
+
+    server = LoopbackServer()
+    await server.start()
+    yield server
+    await server.aclose()

@@ -16,14 +16,6 @@ from bridges.workflows.samples import SampleStats, turns_to_samples
 SHOUT_SCHEMA = {"type": "object", "properties": {"letter": {"type": "string"}, "times": {"type": "integer"}}}
 
 
-@pytest.fixture
-async def server() -> Any:
-    server = LoopbackServer()
-    await server.start()
-    yield server
-    await server.aclose()
-
-
 def one_sample(session: Any) -> bool:
     """Every call of the session extended the one before it: one sample, no break."""
     from bridges.envs.multiturn import turn_from_response

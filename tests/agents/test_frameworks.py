@@ -11,6 +11,7 @@ the sampled ids, so training sees none of it."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from bridges import AgentEnv, Rubric
 from bridges.workflows.samples import SampleStats, state_to_samples
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents" / "letter_agents.py"
+CLI_AGENT = EXAMPLE.with_name("messages_cli_agent.py")
 
 
 def example_agents() -> dict[str, Any]:
@@ -53,4 +55,23 @@ async def test_a_framework_agent_with_a_tool_is_one_token_exact_sample(scripted:
         (sample,) = state_to_samples(state, 1.0, stats)
         assert stats.breaks == 0 and state.drift_tokens == drift
         assert sample.token_ids[: len(second.prompt_ids)] == second.prompt_ids
+    assert sorted((tuple(t.prompt_ids), tuple(t.completion_ids)) for s in states for t in s.turns) == sorted(engine.calls)
+
+
+async def test_a_command_line_agent_speaking_anthropic_messages_is_one_token_exact_sample(scripted: Any):
+    """``examples/agents/messages_cli_agent.py`` as its own process, finding its model through
+    ``ANTHROPIC_BASE_URL``: a tool_use / tool_result round trip, one sample, what it printed scored."""
+    client, engine = scripted()
+
+    def printed_tool(state: Any, completion: list[dict[str, Any]]) -> float:
+        returned = [m["content"] for m in completion if m["role"] == "tool"]
+        return float(returned == [state["agent"].output.strip()] and state["agent"].exit_code == 0)
+
+    env = AgentEnv(command=[sys.executable, str(CLI_AGENT)], rubric=Rubric(funcs=[printed_tool]))
+    states = await env.run_group({"question": "Say b", "answer": "b"}, client, "policy", 2, {"max_tokens": 64})
+    for state in states:
+        assert state.stop_reason == "completed" and state.reward == 1.0, (state.error, state["agent"].output)
+        stats = SampleStats()
+        state_to_samples(state, 1.0, stats)
+        assert len(state.turns) == 2 and stats.samples == 1 and stats.breaks == 0 and state.drift_tokens == 0
     assert sorted((tuple(t.prompt_ids), tuple(t.completion_ids)) for s in states for t in s.turns) == sorted(engine.calls)

@@ -20,14 +20,6 @@ def sdk(server: LoopbackServer, session: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.base_url(session), api_key=session.id, max_retries=0)
 
 
-@pytest.fixture
-async def server() -> Any:
-    server = LoopbackServer()
-    await server.start()
-    yield server
-    await server.aclose()
-
-
 async def test_each_session_records_its_own_calls_with_the_sampled_ids(server: LoopbackServer, scripted: Any):
     client, engine = scripted()
     first, second = server.sessions.open(client, "m", {}), server.sessions.open(client, "m", {})
