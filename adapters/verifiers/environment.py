@@ -122,7 +122,7 @@ class VerifiersEnvironment(Environment):
     async def rollout(
         self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
     ) -> State:
-        from bridges.client.engine_client import recording_responses
+        from bridges.client.recording import recording_responses
         from bridges.envs.multiturn import turn_from_response
 
         started = time.perf_counter()

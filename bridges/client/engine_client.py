@@ -15,8 +15,6 @@ served in-process.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import itertools
 import json
@@ -24,7 +22,6 @@ import math
 import secrets
 import sys
 import time
-from collections.abc import Iterator
 from functools import cached_property
 from typing import Any, NamedTuple, cast
 
@@ -57,6 +54,8 @@ from bridges.client.ledger import (
     prefix_hashes,
     tools_key,
 )
+from bridges.client.recording import RESPONSE_SINK, recording_responses  # noqa: F401  (its old home)
+from bridges.client.redraw import called_names, declared_only, fallback_name, redraw_undeclared
 from bridges.client.rendering import ChatRenderer, ChatTemplateError
 from bridges.client.responses import (
     chat_choice,
@@ -106,30 +105,6 @@ class _ChatPrompt(NamedTuple):
 
 class UnsupportedEndpointError(openai.OpenAIError):
     """An SDK method EngineClient does not serve in-process."""
-
-
-_RESPONSE_SINK: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
-    "bridges_responses", default=None
-)
-
-
-@contextlib.contextmanager
-def recording_responses() -> Iterator[list[Any]]:
-    """Collect every chat completion an ``EngineClient`` returns inside this context (and tasks it starts).
-
-    For code that calls the client through layers that drop the token-id extras on the way back
-    (verifiers' client wrappers): the recorded responses still carry them. It is a session's record
-    for code in this process (the legacy verifiers adapter uses it): code in another process, or
-    code that is handed a URL rather than a client object, gets a per-rollout session instead
-    (``bridges.agents``). Routing in-process code through a session would add an HTTP round trip
-    per call (about 6 ms against 0.2 ms: ``benchmarks/agent_sessions.py``) to reach the same record.
-    """
-    sink: list[Any] = []
-    token = _RESPONSE_SINK.set(sink)
-    try:
-        yield sink
-    finally:
-        _RESPONSE_SINK.reset(token)
 
 
 _POST_PATHS = {  # endpoint -> (EngineClient method, SDK create it mirrors)
@@ -492,10 +467,20 @@ class EngineClient(openai.AsyncOpenAI):
             prompt_ids, added = prompt_ids + prefill, [*added, *prefill]
         self._budget(len(prompt_ids), request.max_tokens, params, CHAT_PATH)
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, CHAT_PATH)
-
         parse = self._tool_format.parse if request.parse_tools else None
         forced = ForcedCall(self._tool_format, request.tool_name or "") if prefill else None
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
+        if forced is not None and parse is not None and not forced.name:  # `required` among several tools
+            def read(s: Sample) -> list[str]:
+                text = reply_text(renderer.decode, s, end_ids, prefill)
+                return called_names(chat_choice(0, s, text, parse, None, self.family.reasoning, forced))
+
+            names = {t["function"]["name"] for t in tools or ()}
+            samples = await redraw_undeclared(samples, params, names, read,
+                                              lambda p: self._generate(prompt_ids, p, 1, request.timeout, CHAT_PATH))  # fmt: skip
+            if request.n == 1 and not declared_only(read(samples[0]), names):  # none named one: name it, as a
+                request.tool_name = fallback_name(names, params.seed)  # named tool_choice does (prefilled)
+                return await self._chat_payload(request)
         drifted = restart and parent is not None
         choices, records = [], []
         for i, sample in enumerate(samples):
@@ -547,7 +532,7 @@ class EngineClient(openai.AsyncOpenAI):
         request = parse_chat(kwargs)
         payload, prompt_ids, samples = await self._chat_payload(request)
         response = validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
-        sink = _RESPONSE_SINK.get()
+        sink = RESPONSE_SINK.get()
         if sink is not None:
             sink.append(response)
         if request.stream is not None:

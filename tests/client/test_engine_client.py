@@ -404,3 +404,24 @@ async def test_required_with_one_tool_names_it_and_with_several_the_model_does(m
     )
     [call] = r.choices[0].message.tool_calls
     assert (call.function.name, call.function.arguments) == ("mul", '{"a": 1}')
+
+
+async def test_required_among_several_tools_draws_a_reply_naming_an_undeclared_tool_again(make_client, tok):
+    """The policy's own tokens and logprobs, never a masked distribution: an undeclared name is drawn
+    again (seeded requests with a new seed each time), up to REDRAWS times; after that the client
+    names a declared tool itself, prefilled as a named tool_choice is, and the model writes the rest."""
+    from bridges.client.redraw import REDRAWS, SEED_STRIDE
+
+    wrong, right = 'zzz", "arguments": {}}\n</tool_call>', 'mul", "arguments": {"a": 1}}\n</tool_call>'
+    client, engine = make_client([wrong, "garbage", right])
+    r = await client.chat.completions.create(
+        model="m", messages=USER, tools=[ADD_TOOL, MUL_TOOL], tool_choice="required", seed=5
+    )
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["mul"]
+    assert [c.params.seed for c in engine.calls] == [5, 5 + SEED_STRIDE, 5 + 2 * SEED_STRIDE]
+    assert tok.decode(r.choices[0].token_ids).startswith('mul", "arguments"')  # the kept draw's own ids
+    client, engine = make_client([wrong] * (1 + REDRAWS) + ['{"a": 2}}\n</tool_call>'])
+    r = await client.chat.completions.create(model="m", messages=USER, tools=[ADD_TOOL, MUL_TOOL], tool_choice="required")
+    [call] = r.choices[0].message.tool_calls  # every draw named 'zzz': the client names a declared tool itself
+    assert call.function.name in ("add", "mul") and call.function.arguments == '{"a": 2}' and len(engine.calls) == 2 + REDRAWS
+    assert tok.decode(r.prompt_token_ids).endswith(f'<tool_call>\n{{"name": "{call.function.name}", "arguments": ')
