@@ -56,6 +56,23 @@ async def test_the_agents_calls_are_the_rollout_and_the_rubric_sees_its_result(s
     assert sum(sample.loss_mask) == sum(len(t.completion_ids) for t in state.turns)
 
 
+async def test_a_side_conversation_is_a_second_sample_of_the_rollout_and_a_counted_break(scripted: Any):
+    """The branch rule: a call that does not extend the one before starts a new sample, same advantage."""
+    client, _ = scripted()
+
+    async def two_threads(base_url: str, api_key: str, row: dict[str, Any]) -> str:
+        answer = await two_calls(base_url, api_key, row)
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as sdk:
+            await sdk.chat.completions.create(model="any", messages=[{"role": "user", "content": "Say c"}])
+        return answer
+
+    (state,) = await run(AgentEnv(two_threads), client)
+    stats = SampleStats()
+    samples = state_to_samples(state, 0.5, stats)
+    assert len(state.turns) == 3 and (stats.samples, stats.breaks) == (2, 1)
+    assert [s.advantage for s in samples] == [0.5, 0.5] and samples[1].token_ids == state.turns[2].prompt_ids + state.turns[2].completion_ids
+
+
 COMMAND_AGENT = textwrap.dedent("""
     import json, os, sys
     from openai import OpenAI
