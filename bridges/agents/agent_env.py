@@ -77,17 +77,19 @@ class AgentEnv(Environment):
         args = self.merged_sampling_args(sampling_args)
         try:
             async with asyncio.timeout(self.rollout_timeout):
-                session = await self._run(state, {**row, "prompt": state.prompt}, client, model, args)
+                conversation = await self._run(state, {**row, "prompt": state.prompt}, client, model, args)
         except TimeoutError:
             self.mark_timed_out(state)
         else:
-            if state.turns:
-                await measure_drift(state, client, session.last_exchange(), self.model_timeout)
+            await measure_drift(state, client, conversation, self.model_timeout)
         state.metrics["num_turns"] = float(len(state.turns))
         state.timing.total_s = time.perf_counter() - started
         return state
 
-    async def _run(self, state: State, row: dict[str, Any], client: Any, model: str, args: dict[str, Any]) -> Session:
+    async def _run(
+        self, state: State, row: dict[str, Any], client: Any, model: str, args: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Run the agent on a session of its own; the state filled, and the session's last exchange."""
         async with self._servers.enter() as server:
             session = server.sessions.open(client, model, args, self.max_calls, self.max_sampled_tokens)
             at = Endpoint(server.base_url(session), server.session_root(session), api_key=session.id)
@@ -99,8 +101,7 @@ class AgentEnv(Environment):
                     outcome = await run_command(argv, at, row, self.agent_timeout, self.command_env)
             finally:
                 server.sessions.close(session)  # a call still running is answered, but not recorded
-        fill_state(state, session, outcome)
-        return session
+        return fill_state(state, session, outcome)
 
 
 def _checked_agent(
@@ -131,8 +132,9 @@ def with_prompt(argv: list[str], state: State) -> list[str]:
     return [arg.replace("{prompt}", text) for arg in argv]
 
 
-def fill_state(state: State, session: Session, outcome: AgentOutcome) -> None:
-    """The rollout from the session's record and the run's outcome; masked when either went wrong."""
+def fill_state(state: State, session: Session, outcome: AgentOutcome) -> list[dict[str, Any]]:
+    """The rollout from the session's record and the run's outcome, masked when either went wrong; returns
+    the last exchange (its messages and reply), which the drift measurement re-renders."""
     state.extras["agent"] = outcome
     state.turns = [turn_from_response(r) for r in session.responses]
     conversation = session.last_exchange()
@@ -149,3 +151,4 @@ def fill_state(state: State, session: Session, outcome: AgentOutcome) -> None:
         state.error = "the agent finished without calling the model, so there is nothing to train on."
     else:
         state.stop_reason = StopReason.COMPLETED.value
+    return conversation

@@ -68,7 +68,7 @@ class LoopbackServer:
     async def _post(self, request: Any) -> Any:
         from aiohttp import web
 
-        route = request.path.split("/v1/", 1)[1]
+        route = session_routes.route_of(request.path)
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:

@@ -28,6 +28,11 @@ class Reply:
     allow: str | None = None  # for a 405
 
 
+def route_of(path: str) -> str:
+    """``chat/completions``, ``responses`` or ``messages`` from ``/s/<id>/v1/<route>``."""
+    return path.split("/v1/", 1)[1]
+
+
 def json_reply(status: int, payload: dict[str, Any]) -> Reply:
     return Reply(status, json.dumps(payload, ensure_ascii=False).encode())
 

@@ -49,6 +49,10 @@ class SessionRefusal(Exception):
                           "code": self.code}}  # fmt: skip
 
 
+def closed_refusal() -> SessionRefusal:
+    return SessionRefusal(410, "this session is closed: its rollout has ended.", "session_closed")
+
+
 @dataclass(eq=False)
 class Session:
     """One rollout's calls: what they were answered with, and the first cap they ran into."""
@@ -76,7 +80,7 @@ class Session:
     def admit(self) -> None:
         """Count a call in, or refuse it (closed, or past a cap)."""
         if self.closed:
-            raise SessionRefusal(410, "this session is closed: its rollout has ended.", "session_closed")
+            raise closed_refusal()
         if self.calls_started >= self.max_calls:
             self.over_cap = f"the agent made more than {self.max_calls} model calls (max_calls)."
         elif self.sampled_tokens >= self.max_sampled_tokens:
@@ -122,7 +126,7 @@ class Sessions:
         if session is not None:
             return session
         if session_id in self._closed:
-            raise SessionRefusal(410, "this session is closed: its rollout has ended.", "session_closed")
+            raise closed_refusal()
         raise SessionRefusal(404, "no session has this id; use the base URL your rollout was given.",
                              "session_not_found")  # fmt: skip
 

@@ -118,12 +118,12 @@ class _Endpoints:
 
     async def read_request(self, request: Any, required: tuple[str, ...]) -> Any:
         """The JSON object of a request, or the 4xx response that refuses it."""
-        limit = self.limits.max_body_bytes
+        from bridges.agents.sessions import SessionRefusal
+
         try:
-            body = json.loads(await _read_body(request, limit))
-        except _BodyTooLarge:
-            return _error_response(413, f"the request body is larger than {limit} bytes (max_body_bytes).",
-                                   "body_too_large")  # fmt: skip
+            body = json.loads(await self.read_raw(request))
+        except SessionRefusal as refusal:  # past max_body_bytes
+            return _error_response(refusal.status, refusal.message, refusal.code)
         except RecursionError:
             return _error_response(400, "the request body is nested too deeply.")
         except (ValueError, UnicodeDecodeError):

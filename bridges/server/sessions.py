@@ -89,7 +89,7 @@ class SessionEndpoints:
         return _starlette(session_routes.json_reply(200, session_record(session)))
 
     async def call(self, request: Any) -> Any:
-        route = request.url.path.split("/v1/", 1)[1]
+        route = session_routes.route_of(request.url.path)
         try:
             raw = await self.read_body(request)  # the server's own limit (413) applies
         except SessionRefusal as refusal:
