@@ -3,13 +3,15 @@ costs nothing.
 
     python benchmarks/agent_sessions.py [calls=300] [rounds=3]
 
-Four ways to make the same two-turn conversation's calls: (a) ``EngineClient`` directly (what a
-native environment does); (b) the openai SDK over a loopback session (Chat Completions), (c) the
-same over the Responses route, (d) the anthropic SDK over the Messages route. Every call samples
+Five ways to make the same two-turn conversation's calls: (a) ``EngineClient`` directly (what a
+native environment does); (b) the openai SDK on a session in-process, without a socket
+(``bridges.agents.in_process``, what the verifiers adapter does); (c) the openai SDK over a loopback
+session (Chat Completions), (d) the same over the Responses route, (e) the anthropic SDK over the
+Messages route. Every call samples
 the same fixed reply (``client_overhead.ZeroLatencyEngine``), so the time is the path's own: the
 HTTP round trip, parsing, recording and, for (c) and (d), the translation. Rounds alternate the
 paths; each figure is the median round's wall time per call. The last line is
-``direct_us=… chat_us=… responses_us=… messages_us=… chat_ratio=…``.
+``direct_us=… in_process_us=… chat_us=… responses_us=… messages_us=… in_process_ratio=… chat_ratio=…``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from client_overhead import ZeroLatencyEngine  # noqa: E402
 
+from bridges.agents.in_process import session_client  # noqa: E402
 from bridges.agents.loopback import LoopbackServer  # noqa: E402
 from bridges.client import EngineClient  # noqa: E402
 from bridges.models.tiny import build_tiny_tokenizer  # noqa: E402
@@ -44,9 +47,14 @@ def askers(client: EngineClient, server: LoopbackServer) -> dict[str, Any]:
     session = server.sessions.open(client, "tiny", {"max_tokens": 16}, max_calls=10**9, max_sampled_tokens=10**12)
     sdk = openai.AsyncOpenAI(base_url=server.base_url(session), api_key="k", max_retries=0)
     claude = anthropic.AsyncAnthropic(base_url=server.session_root(session), api_key="k", max_retries=0)
+    local = session_client(server.sessions, session)
 
     async def direct(messages: Any) -> str:
         r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=16)
+        return r.choices[0].message.content or ""
+
+    async def in_process(messages: Any) -> str:
+        r = await local.chat.completions.create(model="tiny", messages=messages, max_tokens=16)
         return r.choices[0].message.content or ""
 
     async def chat(messages: Any) -> str:
@@ -60,7 +68,7 @@ def askers(client: EngineClient, server: LoopbackServer) -> dict[str, Any]:
         r = await claude.messages.create(model="tiny", max_tokens=16, messages=messages)
         return "".join(b.text for b in r.content if b.type == "text")
 
-    return {"direct": direct, "chat": chat, "responses": responses, "messages": messages_route}
+    return {"direct": direct, "in_process": in_process, "chat": chat, "responses": responses, "messages": messages_route}
 
 
 async def main(calls: int, rounds: int) -> None:
@@ -81,6 +89,7 @@ async def main(calls: int, rounds: int) -> None:
     for name, values in timings.items():
         print(f"{name:10s} " + " ".join(f"{v:8.0f}" for v in values) + " us/call")
     print(" ".join(f"{name}_us={value:.0f}" for name, value in medians.items())
+          + f" in_process_ratio={medians['in_process'] / medians['direct']:.2f}"
           + f" chat_ratio={medians['chat'] / medians['direct']:.2f}")  # fmt: skip
 
 

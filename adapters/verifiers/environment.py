@@ -3,8 +3,9 @@
 Rollouts run verifiers' own ``rollout`` (its loop, ``env_response``, stop conditions, tools) with our
 ``EngineClient``; verifiers 0.1.11+ wants its own client type, so the client is wrapped in
 ``vf.OpenAIChatCompletionsClient``, whose requests reach ``EngineClient``'s in-process transport.
-The token ids that verifiers' response types drop are recovered from ``recording_responses``: every
-completion the rollout received, in order, becomes one of our ``Turn``s. Scoring calls the
+verifiers' response types drop our token ids, so each rollout runs on a session of its own
+(``bridges.agents``, reached in-process without a socket): every completion the session answered, in
+order, becomes one of our ``Turn``s. Scoring calls the
 verifiers rubric on the verifiers states, so group reward functions see the group; its reward
 functions are guarded (``reward_guard``) so a raising one marks the rollout ``reward_error`` instead
 of the 0.0 verifiers would score.
@@ -18,9 +19,14 @@ from typing import Any
 
 from bridges.adapters.verifiers.presign import presign_hooks
 from bridges.adapters.verifiers.reward_guard import ERROR_KEY, guard
+from bridges.agents.in_process import session_client
+from bridges.agents.sessions import Sessions
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
 from bridges.envs.types import State, StopReason
+
+VF_MAX_CALLS = 100_000
+VF_MAX_TOKENS = 2**40
 
 # verifiers' built-in stop conditions and the stop reasons they mean here; custom ones keep their name
 _STOP_REASONS = {
@@ -95,6 +101,7 @@ class VerifiersEnvironment(Environment):
         reward_timeout: float = REWARD_TIMEOUT,
     ) -> None:
         self.vf_env = vf_env
+        self._sessions = Sessions()  # one per rollout, each closed when its rollout ends
         super().__init__(
             dataset=(lambda: vf_env.get_dataset()) if getattr(vf_env, "dataset", None) is not None else None,
             eval_dataset=(lambda: vf_env.get_eval_dataset()),
@@ -122,7 +129,6 @@ class VerifiersEnvironment(Environment):
     async def rollout(
         self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
     ) -> State:
-        from bridges.client.recording import recording_responses
         from bridges.envs.multiturn import turn_from_response
 
         started = time.perf_counter()
@@ -136,12 +142,19 @@ class VerifiersEnvironment(Environment):
         if self._wants_task:  # 0.1.8-0.1.12 required a task name; 0.3 refuses a plain string there
             vf_input["task"] = state.task
         args = self.merged_sampling_args(sampling_args)
+        # verifiers bounds its own turns, so the session's caps are set past any sane rollout
+        session = self._sessions.open(
+            client, model, args, max_calls=VF_MAX_CALLS, max_sampled_tokens=VF_MAX_TOKENS
+        )
         try:
-            with recording_responses() as responses:
-                native = await self.vf_env.rollout(vf_input, self._vf_client(client), model, args)
+            try:
+                async with session_client(self._sessions, session) as on_session:
+                    native = await self.vf_env.rollout(vf_input, self._vf_client(on_session), model, args)
+            finally:
+                self._sessions.close(session)
             state._native = native
             state.completion = to_message_dicts(native.get("completion") or [])
-            state.turns = [turn_from_response(r) for r in responses]
+            state.turns = [turn_from_response(r) for r in session.responses]
             error = native.get("error")
             stop = native.get("stop_condition")
             if error is not None:
@@ -155,10 +168,7 @@ class VerifiersEnvironment(Environment):
                 state.stop_reason = _STOP_REASONS.get(stop, stop) or StopReason.COMPLETED.value
         except Exception as exc:  # verifiers records its own errors; this is a bug outside its loop
             state.stop_reason, state.error = StopReason.ENV_ERROR.value, f"{type(exc).__name__}: {exc}"
-        # the model's replies, counted from the messages: an engine that returns no token ids
-        # (engine=openai) records no turns, but the replies happened
-        replies = sum(1 for m in state.completion if m.get("role") == "assistant")
-        state.metrics["num_turns"] = float(max(len(state.turns), replies))
+        state.metrics["num_turns"] = float(len(state.turns))  # one per answered call, ids or not
         drift = getattr(client, "measure_drift", None)
         if drift is not None and state.turns and not state.errored:
             measured = drift(state.messages)

@@ -54,7 +54,6 @@ from bridges.client.ledger import (
     prefix_hashes,
     tools_key,
 )
-from bridges.client.recording import RESPONSE_SINK, recording_responses  # noqa: F401  (its old home)
 from bridges.client.redraw import called_names, declared_only, fallback_name, redraw_undeclared
 from bridges.client.rendering import ChatRenderer, ChatTemplateError
 from bridges.client.responses import (
@@ -532,9 +531,6 @@ class EngineClient(openai.AsyncOpenAI):
         request = parse_chat(kwargs)
         payload, prompt_ids, samples = await self._chat_payload(request)
         response = validate_with_ids(ChatCompletion, payload, prompt_ids, samples)
-        sink = RESPONSE_SINK.get()
-        if sink is not None:
-            sink.append(response)
         if request.stream is not None:
             return self._stream(payload, prompt_ids, samples, request.stream, ChatCompletionChunk, CHAT_PATH)
         return response

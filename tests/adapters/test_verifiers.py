@@ -135,8 +135,9 @@ def test_rescore_refuses_verifiers_traces_in_one_sentence_and_writes_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["traces.jsonl"]
 
 
-async def test_turns_are_counted_from_the_replies_when_the_engine_returns_no_ids(client: Any):
-    """engine=openai: a plain OpenAI client against an endpoint records no token ids, yet the turns happened."""
+async def test_a_plain_openai_client_against_an_endpoint_records_one_turn_per_reply(client: Any):
+    """engine=openai: the rollout's session records what the endpoint sent, a turn per reply, with the
+    token ids when the endpoint sends them (bridges.serve does), as MultiTurnEnv records them."""
     import openai
 
     from bridges.server.app import serve_in_thread
@@ -148,8 +149,10 @@ async def test_turns_are_counted_from_the_replies_when_the_engine_returns_no_ids
         group = await run_group(env, dict(env.get_dataset()[0]), plain, 2, {"seed": 5}, model="tiny")
         await plain.close()
     for state in group.states:
-        assert state.turns == [] and state.stop_reason == "two_rounds"
+        assert len(state.turns) == 3 and state.stop_reason == "two_rounds"
         assert state.metrics["num_turns"] == 3.0  # three assistant replies, as the token-exact run counts
+        for turn in state.turns:
+            assert turn.prompt_ids and 0 < len(turn.completion_ids) == len(turn.logprobs)
 
 
 @pytest.mark.slow

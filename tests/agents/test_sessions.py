@@ -1,6 +1,7 @@
-"""Per-rollout sessions over loopback HTTP, called with the real openai SDK and raw httpx: each session
-records exactly its own calls with the engine's ids, refuses unknown, closed and over-cap calls in one
-sentence, applies the rollout's sampling arguments over the agent's, and streams what it recorded."""
+"""Per-rollout sessions, called with the real openai SDK over loopback HTTP and in-process (no socket),
+and with raw httpx: each session records exactly its own calls with the engine's ids, refuses unknown,
+closed and over-cap calls in one sentence, applies the rollout's sampling arguments over the agent's,
+and streams what it recorded; both carriers behave the same."""
 
 from __future__ import annotations
 
@@ -10,49 +11,68 @@ import httpx
 import openai
 import pytest
 
+from bridges.agents.in_process import session_client
 from bridges.agents.loopback import MAX_BODY_BYTES, LoopbackServer
 from bridges.agents.sessions import SEED_STRIDE
 
 HELLO = [{"role": "user", "content": "Say b"}]
 
 
-def sdk(server: LoopbackServer, session: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.base_url(session), api_key=session.id, max_retries=0)
+@pytest.fixture(params=["loopback", "in-process"])
+def sdk(request: Any, server: LoopbackServer) -> Any:
+    """``sdk(session)``: the SDK on that session, over the loopback server or in-process."""
+
+    def on(session: Any) -> openai.AsyncOpenAI:
+        if request.param == "in-process":
+            return session_client(server.sessions, session)
+        return openai.AsyncOpenAI(base_url=server.base_url(session), api_key=session.id, max_retries=0)
+
+    return on
 
 
-async def test_each_session_records_its_own_calls_with_the_sampled_ids(server: LoopbackServer, scripted: Any):
+async def test_each_session_records_its_own_calls_with_the_sampled_ids(
+    server: LoopbackServer, scripted: Any, sdk: Any
+):
     client, engine = scripted()
     first, second = server.sessions.open(client, "m", {}), server.sessions.open(client, "m", {})
     assert first.id != second.id and len(first.id) >= 32
-    await sdk(server, first).chat.completions.create(model="gpt-4o", messages=HELLO)
-    await sdk(server, second).chat.completions.create(model="x", messages=[{"role": "user", "content": "Say c"}])
-    await sdk(server, first).chat.completions.create(model="x", messages=[{"role": "user", "content": "Say d"}])
+    await sdk(first).chat.completions.create(model="gpt-4o", messages=HELLO)
+    await sdk(second).chat.completions.create(model="x", messages=[{"role": "user", "content": "Say c"}])
+    await sdk(first).chat.completions.create(model="x", messages=[{"role": "user", "content": "Say d"}])
     assert [len(first.responses), len(second.responses)] == [2, 1]
-    recorded = [(tuple(r.prompt_token_ids), tuple(r.choices[0].token_ids)) for r in (*first.responses, *second.responses)]
+    recorded = [
+        (tuple(r.prompt_token_ids), tuple(r.choices[0].token_ids))
+        for r in (*first.responses, *second.responses)
+    ]
     assert sorted(recorded) == sorted(engine.calls)  # every call's ids, each in its own session only
     assert [c[-1]["content"] for c in first.conversations] == ["Say b", "Say d"]
     assert first.responses[0].model == "m"  # the agent's model name is ignored: the rollout's policy answers
 
 
-async def test_unknown_closed_and_over_cap_sessions_are_refused_in_one_sentence(server: LoopbackServer, scripted: Any):
+async def test_unknown_closed_and_over_cap_sessions_are_refused_in_one_sentence(
+    server: LoopbackServer, scripted: Any, sdk: Any
+):
     client, _ = scripted()
     session = server.sessions.open(client, "m", {}, max_calls=2)
     stranger = openai.AsyncOpenAI(base_url=f"{server.root}/s/not-a-session/v1", api_key="k", max_retries=0)
     with pytest.raises(openai.NotFoundError, match="no session has this id"):
         await stranger.chat.completions.create(model="m", messages=HELLO)
     for _ in range(2):
-        await sdk(server, session).chat.completions.create(model="m", messages=HELLO)
+        await sdk(session).chat.completions.create(model="m", messages=HELLO)
     with pytest.raises(openai.RateLimitError, match=r"more than 2 model calls \(max_calls\)"):
-        await sdk(server, session).chat.completions.create(model="m", messages=HELLO)
-    assert session.over_cap == "the agent made more than 2 model calls (max_calls)." and len(session.responses) == 2
+        await sdk(session).chat.completions.create(model="m", messages=HELLO)
+    assert (
+        session.over_cap == "the agent made more than 2 model calls (max_calls)."
+        and len(session.responses) == 2
+    )
     server.sessions.close(session)
     with pytest.raises(openai.APIStatusError, match="its rollout has ended") as closed:
-        await sdk(server, session).chat.completions.create(model="m", messages=HELLO)
+        await sdk(session).chat.completions.create(model="m", messages=HELLO)
     assert closed.value.status_code == 410 and len(session.responses) == 2
 
 
 async def test_the_rollouts_sampling_arguments_win_and_each_call_gets_its_own_seed(
-    server: LoopbackServer, scripted: Any
+    server: LoopbackServer, scripted: Any, sdk: Any
 ):
     client, engine = scripted()
     params: list[Any] = []
@@ -65,7 +85,7 @@ async def test_the_rollouts_sampling_arguments_win_and_each_call_gets_its_own_se
     engine.generate = recording
     session = server.sessions.open(client, "m", {"temperature": 0.7, "max_tokens": 5, "seed": 3, "n": 1})
     for _ in range(2):
-        await sdk(server, session).chat.completions.create(
+        await sdk(session).chat.completions.create(
             model="gpt-4o", messages=HELLO, temperature=0.1, max_tokens=100, seed=99
         )
     assert [(p.temperature, p.max_tokens) for p in params] == [(0.7, 5), (0.7, 5)]
@@ -73,14 +93,14 @@ async def test_the_rollouts_sampling_arguments_win_and_each_call_gets_its_own_se
 
 
 async def test_a_stream_carries_exactly_the_recorded_answer_tool_calls_included(
-    server: LoopbackServer, scripted: Any
+    server: LoopbackServer, scripted: Any, sdk: Any
 ):
     client, _ = scripted()
     session = server.sessions.open(client, "m", {})
     tools = [{"type": "function", "function": {"name": "shout", "parameters": {"type": "object", "properties": {
         "letter": {"type": "string"}, "times": {"type": "integer"}}}}}]  # fmt: skip
     for kwargs in ({}, {"tools": tools}):
-        stream = await sdk(server, session).chat.completions.create(
+        stream = await sdk(session).chat.completions.create(
             model="m", messages=HELLO, stream=True, stream_options={"include_usage": True}, **kwargs
         )
         chunks = [chunk async for chunk in stream]
@@ -126,3 +146,16 @@ async def test_hostile_requests_get_a_4xx_in_openai_shape_and_nothing_is_recorde
     assert "'n' must be 1 on a session" in answers[5].json()["error"]["message"]
     assert statuses[8:] == [404, 404] and not session.responses  # '..' resolves to no session's path
     assert models.json()["data"][0]["id"] == "m"
+
+
+async def test_in_process_a_session_answers_models_and_refuses_what_it_does_not_serve(
+    server: LoopbackServer, scripted: Any
+):
+    client, _ = scripted()
+    session = server.sessions.open(client, "policy", {})
+    on_session = session_client(server.sessions, session)
+    assert [m.id async for m in on_session.models.list()] == ["policy"]
+    with pytest.raises(openai.NotFoundError, match="is not served on a session") as unserved:
+        await on_session.embeddings.create(model="policy", input="x")
+    assert unserved.value.body["code"] == "not_served" and session.responses == []
+    await on_session.close()
