@@ -257,12 +257,14 @@ class HFEngine:
     # ----------------------------------------------------------------------------------------------
     # weights
 
-    def update_weights(self, state_dict: dict[str, Any]) -> int:
+    def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> int:
         """Copy ``state_dict`` (all or some of the model's tensors, by name) into the model.
 
         Every name and shape is checked before anything is copied, and the copy happens under
-        ``weight_lock``, so a batch sees either the old or the new weights, never a mix. Returns the
-        new ``weight_version``.
+        ``weight_lock``, so a batch sees either the old or the new weights, never a mix: a batch
+        running when the update arrives finishes under the old weights and reports the old version.
+        Returns the new ``weight_version``: ``version`` when given (a trainer numbering its pushes),
+        else one more.
         """
         import torch
 
@@ -283,15 +285,17 @@ class HFEngine:
             with torch.no_grad():
                 for key, value in state_dict.items():
                     own[key].copy_(value.detach())
-            self.weight_version += 1
+            self.weight_version = self.weight_version + 1 if version is None else version
             return self.weight_version
 
-    async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> int:
+    async def aupdate_weights(
+        self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None
+    ) -> int:
         """``update_weights`` off the event loop (it waits for the running batch to finish).
 
         ``policy`` is accepted for signature parity with other engines and not needed here.
         """
-        return await asyncio.to_thread(self.update_weights, state_dict)
+        return await asyncio.to_thread(self.update_weights, state_dict, version)
 
     def mark_weights_updated(self) -> int:
         """Record that the trainer changed this engine's model in place (the same module object).

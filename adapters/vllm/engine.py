@@ -147,8 +147,12 @@ class VLLMEngine:
             raise RuntimeError("vLLM finished the request without producing an output.")
         return samples_from_output(final, version, params.top_logprobs)
 
-    async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> None:
-        """New weights for the next requests: LoRA hot-load when serving an adapter, else full weights."""
+    async def aupdate_weights(
+        self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None
+    ) -> None:
+        """New weights for the next requests: LoRA hot-load when serving an adapter, else full weights.
+        A request already running keeps the version it started under (vLLM swaps weights between its
+        engine steps, so its later tokens may come from the new ones); ``version`` numbers the update."""
         if self._lora and policy is not None:
             from vllm.lora.request import LoRARequest
 
@@ -162,7 +166,7 @@ class VLLMEngine:
             named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
             await self.llm.collective_rpc("update_weights_from_state", args=(named,))
             await self.llm.reset_prefix_cache()
-        self.weight_version += 1
+        self.weight_version = self.weight_version + 1 if version is None else version
 
     async def aclose(self) -> None:
         self.llm.shutdown()

@@ -138,9 +138,12 @@ class Engine(Protocol):
 class TrainableEngine(Engine, Protocol):
     """An engine whose weights the trainer updates in place (the hf and vLLM engines)."""
 
-    async def aupdate_weights(self, state_dict: dict[str, Any], policy: Any = None) -> Any:
+    async def aupdate_weights(
+        self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None
+    ) -> Any:
         """Load the trainable tensors (``policy``: the live model, for engines that share its storage);
-        ``weight_version`` increments."""
+        ``weight_version`` becomes ``version`` when given (a trainer numbering its pushes), else
+        increments."""
         ...
 
 

@@ -220,3 +220,12 @@ def grad_norm_value(norm: torch.Tensor) -> float:
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
+
+
+def share(value: Any, world: World) -> Any:
+    """The main process's ``value`` on every process (a collective: every process calls it)."""
+    if not world.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -31,7 +31,9 @@ Included
   (``ddp``: one fp32 all-reduce; ``fsdp``: FSDP2's reduce-scatter) and metrics cross (``parallel.py``).
   One process writes metrics and checkpoints; every process appends its own episodes to the traces.
 - Rollouts in the trainer's process, or (``rollout_process=true``, one CPU process) in a child process
-  that takes new weights through shared memory, so on a CPU generation overlaps training for real.
+  that takes new weights through shared memory, so on a CPU generation overlaps training for real,
+  or (``inference=server``) on ``bridges.serve`` servers the trainer pushes each step's weights to
+  over HTTP, a group pinned to one server (``server_rollouts.py``).
 - Failure isolation from ``workflows``: a failed rollout is a masked group member, a group with no
   reward variance or < 2 valid members contributes no gradient; both are counted.
 - Checkpoints (weights/adapter, fp32 trained tensors, optimizer, scheduler, step, data position, RNG)
@@ -45,7 +47,8 @@ Left out, on purpose
   they are policy choices a user can add in the environment's rubric or in a fork of this file.
 - Sequence packing, tensor and pipeline parallelism, DeepSpeed: the loop stays readable; FSDP2 shards
   what ZeRO-3 shards, and models that need more than sharding belong on verl.
-- Inference on separate servers: the engine lives in each training process (vLLM colocated on a GPU).
+- Weights to servers over NCCL: a push is one HTTP body (safetensors; a LoRA adapter as its factors),
+  which on one node costs a copy through host memory that an NCCL broadcast would not.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def validate(config: TrainConfig, options: None = None) -> None:
         is_adapter_checkpoint,
         no_intact_checkpoint,
     )
+    from bridges.grpo.server_rollouts import check_server_settings
     from bridges.models.hardware import check_device
     from bridges.runs.preflight import check_lora_targets, check_model
     from bridges.runtime.errors import ConfigError, require_extra
@@ -111,12 +115,13 @@ def validate(config: TrainConfig, options: None = None) -> None:
     t = config.trainer
     check_model(config.model)
     check_device(t.device, "trainer.device")
+    check_server_settings(t)
     if accelerate_settings().get("deepspeed"):
         raise ConfigError(
             "backend=grpo does not run DeepSpeed; under accelerate launch use examples/accelerate/fsdp.yaml "
             "(FSDP2 shards what ZeRO-3 shards), or backend=trl, which runs accelerate's DeepSpeed configs."
         )
-    if config.engine == "vllm":
+    if config.engine == "vllm" and t.inference == "engine":
         require_extra("vllm", "vllm", "engine=vllm")
     if t.rollout_process and (config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())):
         raise ConfigError(
@@ -339,10 +344,16 @@ def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition
     return start
 
 
-def _rollouts(run: _Run) -> Rollouts:
+async def _rollouts(run: _Run) -> Rollouts:
     """In this process, or (``rollout_process=true``; validate() allowed it only with the hf engine) in a
-    child process that owns its own copy of the weights."""
+    child process that owns its own copy of the weights, or on inference servers (``inference=server``)."""
     config = run.config
+    if config.trainer.inference == "server":
+        from bridges.grpo.server_rollouts import open_server_rollouts
+
+        return await open_server_rollouts(
+            config, run.env, run.tokenizer, run.ctx.policy, run.ctx.world, run.run_dir
+        )
     if config.trainer.rollout_process:
         from bridges.grpo.rollout_process import ProcessRollouts
 
@@ -394,7 +405,7 @@ class _Learner:
 
 async def _run(config: TrainConfig) -> int:
     run = _prepare(config)
-    rollouts = _rollouts(run)
+    rollouts = await _rollouts(run)
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),

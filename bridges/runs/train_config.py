@@ -67,6 +67,22 @@ class TrainerConfig:
     rollout_process: bool = option(
         False, help="hf engine: roll out in a child process, so generation overlaps training"
     )
+    # inference on bridges.serve servers the trainer pushes weights to (bridges.grpo.server_rollouts)
+    inference: str = option(
+        "engine", choices=("engine", "server"), help="engine: generation in each training process; server: on "
+        "bridges.serve servers (server_urls, or servers=K started here), new weights pushed after every step",
+    )  # fmt: skip
+    server_urls: list[str] = option(
+        factory=list, help="inference=server: running servers (http://host:port), started with weights_key; keys "
+        "from $BRIDGES_SERVER_API_KEY and $BRIDGES_SERVER_WEIGHTS_KEY",
+    )  # fmt: skip
+    servers: int = option(
+        0, ge=0, le=64, help="inference=server: start this many local bridges.serve hf servers"
+    )
+    server_devices: list[str] = option(
+        factory=list, help="devices of the started servers, one per server (default: cpu each)"
+    )
+    server_timeout: float = option(600.0, gt=0.0, help="seconds a server may take to answer one model call")
     # hardware: bridges.models.hardware resolves device and dtype; several processes split each step's groups
     device: str = option("auto", help=DEVICE_HELP)
     dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)

@@ -17,6 +17,7 @@ from typing import Any
 from bridges.client.http_bodies import response_json, split_kwargs, tool_calls_problem
 from bridges.runtime.http_server import ServerThread, check_bind
 from bridges.server.sessions import SessionEndpoints
+from bridges.server.weights import DEFAULT_MAX_WEIGHTS_BYTES, WeightEndpoints
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,17 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _read_limited(request: Any, limit: int) -> bytes:
+    """``_read_body`` with its refusal as ``SessionRefusal`` (413), as the weights route expects."""
+    from bridges.agents.sessions import SessionRefusal
+
+    try:
+        return await _read_body(request, limit)
+    except _BodyTooLarge:
+        raise SessionRefusal(413, f"the request body is larger than {limit} bytes (max_weights_bytes).",
+                             "body_too_large") from None  # fmt: skip
+
+
 def _access_log(app: Any) -> Any:
     """ASGI middleware: one stderr line per request (method, path, status, milliseconds)."""
 
@@ -88,10 +100,12 @@ def _access_log(app: Any) -> Any:
 class _Endpoints:
     """The server's request handlers over one client; every client error is a 4xx in OpenAI's shape."""
 
-    def __init__(self, client: Any, api_key: str | None, limits: ServeLimits) -> None:
+    def __init__(
+        self, client: Any, api_key: str | None, limits: ServeLimits, identity: dict[str, str]
+    ) -> None:
         from bridges.server.schema import openapi_document
 
-        self.client, self.limits = client, limits
+        self.client, self.limits, self.identity = client, limits, identity
         self.names = list(limits.model_names or (client.model_name,))
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.document = openapi_document(self.names, limits.max_n, len(client.engine.tokenizer))
@@ -210,7 +224,8 @@ class _Endpoints:
     async def health(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"status": "ok", "model": self.client.model_name})
+        return JSONResponse({"status": "ok", "model": self.client.model_name,
+                             "weight_version": int(self.client.engine.weight_version), **self.identity})  # fmt: skip
 
     async def openapi(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -246,18 +261,34 @@ async def _not_allowed(request: Any, exc: Any) -> Any:
     return response
 
 
-def create_app(client: Any, api_key: str | None = None, limits: ServeLimits | None = None) -> Any:
+@dataclass(frozen=True)
+class WeightUpdates:
+    """How a server takes pushed weights (``bridges.server.weights``): its key, and the engine's torch
+    module where LoRA factors are merged (None for an engine that keeps its weights elsewhere)."""
+
+    key: str | None = None
+    model: Any = None
+    max_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES
+
+
+def create_app(
+    client: Any, api_key: str | None = None, limits: ServeLimits | None = None,
+    updates: WeightUpdates | None = None, identity: dict[str, str] | None = None,
+) -> Any:  # fmt: skip
     """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
-    ``/health``, ``/openapi.json`` and per-rollout sessions (``bridges.server.sessions``). Every client
-    error is a 4xx in OpenAI's error shape."""
+    ``/health`` (with ``identity``: the model's tensor layout and vocabulary fingerprints), ``/openapi.json``,
+    per-rollout sessions (``bridges.server.sessions``) and weight pushes (``bridges.server.weights``).
+    Every client error is a 4xx in OpenAI's error shape."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    limits = limits or ServeLimits()
-    e = _Endpoints(client, api_key, limits)
+    limits, updates = limits or ServeLimits(), updates or WeightUpdates()
+    e = _Endpoints(client, api_key, limits, identity or {})
     sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw)
+    weights = WeightEndpoints(client.engine, updates.key, updates.model, _read_limited, updates.max_bytes)
     routes = [
         *sessions.routes(),
+        *weights.routes(),
         Route("/v1/chat/completions", e.chat, methods=["POST"]),
         Route("/v1/completions", e.completions, methods=["POST"]),
         Route("/v1/models", e.models, methods=["GET"]),
@@ -276,8 +307,9 @@ def serve_in_thread(
     api_key: str | None = None,
     log_level: str = "warning",
     limits: ServeLimits | None = None,
+    updates: WeightUpdates | None = None,
 ) -> ServerThread:
     """Serve ``client`` on ``host:port`` (0 = a free port) in a background thread; returns the handle."""
     check_bind(host, api_key)
-    app = create_app(client, api_key=api_key, limits=limits)
+    app = create_app(client, api_key=api_key, limits=limits, updates=updates)
     return ServerThread(app, host=host, port=port, log_level=log_level)

@@ -17,7 +17,8 @@ from bridges.runs.config import option
 from bridges.runs.engines import ENGINES, load_engine
 from bridges.runtime.errors import ConfigError
 from bridges.runtime.http_server import check_bind
-from bridges.server.app import ServeLimits, create_app
+from bridges.server.app import ServeLimits, WeightUpdates, create_app
+from bridges.server.weights import DEFAULT_MAX_WEIGHTS_BYTES
 
 
 @dataclass
@@ -45,6 +46,13 @@ class ServeConfig:
     max_batch_size: int = option(64, ge=1, help="hf engine: sequences decoded together")
     max_body_bytes: int = option(8 * 1024 * 1024, ge=1024, help="larger request bodies are refused with 413")
     max_n: int = option(16, ge=1, help="the largest n a request may ask for")
+    weights_key: str | None = option(
+        None,
+        help="a trainer may push new weights to POST /v1/weights under 'Authorization: Bearer <weights_key>'",
+    )
+    max_weights_bytes: int = option(
+        DEFAULT_MAX_WEIGHTS_BYTES, ge=1024, help="larger weight pushes are refused with 413"
+    )
     access_log: bool = option(True, help="one line per request on stderr: method, path, status, latency")
     log_level: str = option("warning", help="uvicorn's log level")
 
@@ -60,6 +68,17 @@ def engine_options(config: ServeConfig) -> dict[str, Any]:
 def build_engine(config: ServeConfig) -> Any:
     """The engine named by ``config.engine``, from the engine table (a missing extra is one sentence)."""
     return load_engine(config.engine, config.model, **engine_options(config))
+
+
+def identity(config: ServeConfig, engine: Any) -> dict[str, str]:
+    """What ``/health`` tells a trainer about this server's model: its tensor layout and vocabulary."""
+    from bridges.models.tiny import resolve_model_path
+    from bridges.models.weight_payload import model_layout, tokenizer_fingerprint
+
+    return {
+        "layout": model_layout(resolve_model_path(config.model)),
+        "tokenizer": tokenizer_fingerprint(engine.tokenizer),
+    }
 
 
 def serve(config: ServeConfig) -> int:
@@ -85,7 +104,12 @@ def serve(config: ServeConfig) -> int:
         family=None if config.family == "auto" else config.family,
     )
     limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log)
-    app = create_app(client, api_key=config.api_key, limits=limits)
+    updates = WeightUpdates(
+        config.weights_key, engine.model if config.engine == "hf" else None, config.max_weights_bytes
+    )
+    app = create_app(
+        client, api_key=config.api_key, limits=limits, updates=updates, identity=identity(config, engine)
+    )
     print(
         f"serving '{client.model_name}' ({config.engine} engine) at http://{config.host}:{config.port}/v1",
         flush=True,

@@ -1,0 +1,191 @@
+"""The inference servers a trainer samples from and pushes weights to (``trainer.inference=server``).
+
+Each server is a ``bridges.serve`` the trainer reaches over HTTP: rollouts call its OpenAI routes, the
+main training process pushes every step's weights to ``POST /v1/weights`` (``weight_push.py``).
+
+Invariant: a server is *in* (rollouts may use it) only while it holds the trainer's current weight
+version; it is *out* from the moment a call or a push to it fails. Why: ``num_batches_ahead`` bounds
+how stale a sample may be, and a server that missed a push would sample from weights older than
+that bound. An out server is probed before each batch; when ``/health`` answers with the same model
+layout and vocabulary, the main process brings it up to date (the whole model, then the adapter)
+and it is in again. The other processes admit it once ``/health`` shows the current version.
+
+At start every server must answer and match, or the run stops with one sentence naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+import torch
+
+from bridges.grpo.weight_push import full_payload, lora_payload
+from bridges.models.weight_payload import encode
+from bridges.runtime.errors import ConfigError
+
+PROBE_TIMEOUT_S = 5.0
+PUSH_TIMEOUT_S = 600.0
+API_KEY_VARIABLE, WEIGHTS_KEY_VARIABLE = "BRIDGES_SERVER_API_KEY", "BRIDGES_SERVER_WEIGHTS_KEY"
+
+
+@dataclass(eq=False)
+class Server:
+    url: str  # http://host:port
+    client: openai.AsyncOpenAI
+    model: str = ""  # the name it serves, from /health
+    version: int = -1  # the weight version it holds, as last seen
+    up: bool = False
+    reason: str = "not checked yet"  # why it is out
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a server must match: the trainer's tensor layout and vocabulary (``weight_payload``)."""
+
+    layout: str
+    tokenizer: str
+
+
+@dataclass(eq=False)
+class ServerPool:
+    servers: list[Server]
+    identity: Identity
+    pusher: bool  # the main process pushes; the others only watch versions
+    api_key: str | None = None
+    weights_key: str | None = None
+    scalings: dict[str, float] = field(default_factory=dict)  # LoRA layers; empty for full fine-tuning
+    version: int = 0  # the trainer's current weight version
+    _base: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA: the frozen base, on the CPU
+    _latest: list[bytes] = field(default_factory=list)  # the current version's push, as sent
+
+    @classmethod
+    def connect(
+        cls, urls: list[str], identity: Identity, pusher: bool, timeout: float, **keys: Any
+    ) -> ServerPool:
+        api_key = keys.get("api_key") or os.environ.get(API_KEY_VARIABLE)
+        servers = [Server(url.rstrip("/"), openai.AsyncOpenAI(base_url=f"{url.rstrip('/')}/v1",
+                   api_key=api_key or "unused", max_retries=0, timeout=timeout)) for url in urls]  # fmt: skip
+        return cls(
+            servers,
+            identity,
+            pusher,
+            api_key,
+            keys.get("weights_key") or os.environ.get(WEIGHTS_KEY_VARIABLE),
+        )
+
+    def in_servers(self) -> list[Server]:
+        return [s for s in self.servers if s.up]
+
+    async def check_all(self) -> None:
+        """At start: every server answers ``/health`` with the trainer's layout and vocabulary, or one
+        sentence naming the first that does not."""
+        for server in self.servers:
+            problem = await self.probe(server)
+            if problem is not None:
+                raise ConfigError(f"inference server {server.url}: {problem}")
+
+    async def probe(self, server: Server) -> str | None:
+        """None when ``server`` answers and matches (its model and version noted), else why not."""
+        try:
+            async with httpx2.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+                health = (await http.get(f"{server.url}/health")).json()
+        except (httpx2.HTTPError, ValueError) as exc:
+            return f"no answer on /health ({type(exc).__name__}); is it running?"
+        if not isinstance(health, dict) or "layout" not in health:
+            return "its /health does not describe its model; start it with python -m bridges.serve."
+        if health.get("layout") != self.identity.layout:
+            return ("it serves another model: its tensor names or shapes differ from the trainer's "
+                    f"(model={health.get('model')!r}); start it with the trainer's model.")  # fmt: skip
+        if health.get("tokenizer") != self.identity.tokenizer:
+            return "its tokenizer differs from the trainer's, so token ids would not mean the same; start it with the trainer's model."
+        server.model, server.version = str(health.get("model", "")), int(health.get("weight_version", -1))
+        return None
+
+    def mark_out(self, server: Server, reason: str) -> None:
+        if server.up:
+            print(f"inference server {server.url} is out: {reason}", flush=True)
+        server.up, server.reason = False, reason
+
+    async def refresh(self) -> None:
+        """Probe every out server; bring back those that answer and match (see the module's invariant)."""
+        await asyncio.gather(*(self._readmit(s) for s in self.servers if not s.up))
+
+    async def _readmit(self, server: Server) -> None:
+        problem = await self.probe(server)
+        if problem is not None:
+            server.reason = problem
+            return
+        if server.version < self.version and self.pusher and self._latest:
+            await self._send(server, await asyncio.to_thread(self._whole_parts))
+        if server.version >= self.version:
+            if server.reason != "not checked yet":
+                print(
+                    f"inference server {server.url} is back in at weight version {server.version}", flush=True
+                )
+            server.up = True
+
+    async def push(self, state: dict[str, torch.Tensor], version: int, whole: bool) -> None:
+        """``version``'s tensors to every server that is in (the main process only); a failed push
+        takes that server out. ``whole``: the first push, which carries the whole model."""
+        self.version = version
+        if not self.pusher:  # after the main process pushed: in are the servers it brought to this version
+            caught_up = await asyncio.gather(*(self._caught_up(s) for s in self.servers))
+            for server, ok in zip(self.servers, caught_up, strict=True):
+                server.up = ok
+            return
+        if whole and self.scalings:
+            self._base = {
+                k: v.detach().to("cpu", copy=True) for k, v in full_payload(state, version).tensors.items()
+            }
+        parts = await asyncio.to_thread(self._encode, state, version, whole)
+        self._latest = parts[-1:] if self.scalings else parts
+        await asyncio.gather(*(self._send(s, parts) for s in self.servers if s.up or whole))
+        refused = [s for s in self.servers if not s.up]
+        if whole and refused:  # at start: a server that will not take the weights is a setup mistake
+            raise ConfigError(
+                f"inference server {refused[0].url} did not take the trainer's weights: {refused[0].reason}"
+            )
+
+    async def _caught_up(self, server: Server) -> bool:
+        """A watching process: is ``server`` at the current version (the main process pushed it)?"""
+        return await self.probe(server) is None and server.version >= self.version
+
+    def _encode(self, state: dict[str, torch.Tensor], version: int, whole: bool) -> list[bytes]:
+        if not self.scalings:
+            return [encode(full_payload(state, version))]
+        adapter = encode(lora_payload(state, self.scalings, version))
+        return [encode(full_payload(state, version)), adapter] if whole else [adapter]
+
+    def _whole_parts(self) -> list[bytes]:
+        """What brings a fresh server to the current version: the latest push, after the base for LoRA."""
+        if not self.scalings:
+            return list(self._latest)
+        return [encode(full_payload(self._base, self.version)), *self._latest]
+
+    async def _send(self, server: Server, parts: list[bytes]) -> None:
+        headers = {"Authorization": f"Bearer {self.weights_key}"} if self.weights_key else {}
+        try:
+            async with httpx2.AsyncClient(timeout=PUSH_TIMEOUT_S) as http:
+                for part in parts:
+                    reply = await http.post(f"{server.url}/v1/weights", content=part, headers=headers)
+                    if reply.status_code != 200:
+                        raise PushRefused(_message(reply))
+            server.version, server.up = self.version, True
+        except (httpx2.HTTPError, PushRefused) as exc:
+            self.mark_out(server, f"the weight push failed ({' '.join(str(exc).split())[:200]})")
+
+
+class PushRefused(Exception):
+    pass
+
+
+def _message(reply: Any) -> str:
+    try:
+        return f"{reply.status_code}: {reply.json()['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{reply.status_code}: {reply.text[:200]}"

@@ -1,0 +1,65 @@
+"""The trainer's side of a weight push: the policy's tensors as payloads a ``bridges.serve`` takes.
+
+A server holds a plain model (no peft wrapper), so names are the base model's. Full fine-tuning sends
+the trained tensors. A LoRA policy sends its adapter as factors (``<layer>.lora_A``/``.lora_B`` and
+each layer's scaling; the server merges), except the first push to a server, which also carries the
+whole base model: the server's base then equals the trainer's whatever checkpoint it loaded, and a
+factor is only meaningful against the base it was trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bridges.models.weight_payload import Payload, encode
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def base_name(name: str) -> str:
+    """A peft-wrapped tensor's name in the plain model (``base_model.model.X.base_layer.weight`` ->
+    ``X.weight``); a plain model's names are unchanged."""
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX) :]
+    return name.replace(".base_layer.", ".")
+
+
+def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
+    """Each adapted layer's scaling (``lora_alpha / r``, or rsLoRA's), by its base name; empty without LoRA."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # no peft installed: no policy here can hold an adapter
+        return {}
+    return {base_name(name): float(module.scaling["default"]) for name, module in policy.named_modules()
+            if isinstance(module, LoraLayer) and "default" in module.scaling}  # fmt: skip
+
+
+def full_payload(state: dict[str, torch.Tensor], version: int) -> Payload:
+    """Whole tensors under their base names (a LoRA policy's factors left out)."""
+    tensors = {base_name(k): v for k, v in state.items() if ".lora_" not in k}
+    return Payload("full", version, tensors)
+
+
+def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], version: int) -> Payload:
+    """The adapter's factors as ``<layer>.lora_A``/``<layer>.lora_B`` with each layer's scaling."""
+    tensors = {}
+    for name, value in state.items():
+        for factor in ("lora_A", "lora_B"):
+            marker = f".{factor}.default.weight"
+            if name.endswith(marker):
+                tensors[f"{base_name(name[: -len(marker)])}.{factor}"] = value
+    layers = {k.rsplit(".", 1)[0] for k in tensors}
+    return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers})
+
+
+def payload_bytes(
+    state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool
+) -> list[bytes]:
+    """What one server is sent for ``version``: a LoRA policy's factors (after the whole base model when
+    ``whole``: the server's first push), or the full tensors."""
+    if not scalings:
+        return [encode(full_payload(state, version))]
+    parts = [encode(lora_payload(state, scalings, version))]
+    return [encode(full_payload(state, version)), *parts] if whole else parts

@@ -1,0 +1,182 @@
+"""New weights as bytes: what a trainer sends an inference server, and how the server applies them.
+
+A payload is one safetensors file: the tensors, and in its metadata the ``weight_version`` they
+become and their kind. ``full``: tensors by the model's own names (any subset), copied in.
+``lora``: for each adapted linear layer ``<module>``, ``<module>.lora_A`` and ``<module>.lora_B``
+with its scaling; the server computes ``W = W_base + scaling · B @ A`` on its own copy. Why LoRA
+travels as factors: an adapter is a few MB where the merged layers are the size of the model, and
+the remote-LoRA setups this serves (a trainer on one GPU, servers elsewhere) are bandwidth-bound.
+
+Invariant (``LoraMerger``): a layer's base is the last full tensor the server received for it (or
+what it loaded at start), never a merged one, so applying adapter k+1 replaces adapter k instead of
+adding to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bridges.runtime.errors import BridgesError
+
+KINDS = ("full", "lora")
+
+
+class WeightPayloadError(BridgesError, ValueError):
+    """A payload that cannot be applied, in one sentence (the server answers it with a 4xx)."""
+
+
+@dataclass
+class Payload:
+    kind: str
+    version: int
+    tensors: dict[str, torch.Tensor]
+    scaling: dict[str, float] = field(default_factory=dict)  # lora: per module
+
+
+def encode(payload: Payload) -> bytes:
+    """One safetensors file; a tensor that shares storage with another (tied embeddings) is copied, so
+    each name carries its own bytes (safetensors refuses shared storage)."""
+    from safetensors.torch import save
+
+    metadata = {"kind": payload.kind, "version": str(payload.version), "scaling": json.dumps(payload.scaling)}
+    tensors, seen = {}, set()
+    for name, value in payload.tensors.items():
+        value = value.detach().contiguous().cpu()
+        tensors[name] = value.clone() if value.data_ptr() in seen else value
+        seen.add(value.data_ptr())
+    return save(tensors, metadata=metadata)
+
+
+def decode(data: bytes) -> Payload:
+    """The payload in ``data``, or ``WeightPayloadError`` saying what is wrong with it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+        header_size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__") or {}
+    except (SafetensorError, ValueError, UnicodeDecodeError, OverflowError) as exc:
+        raise WeightPayloadError(
+            f"the body is not a safetensors file ({' '.join(str(exc).split())[:200]})."
+        ) from None
+    kind, version = metadata.get("kind"), metadata.get("version", "")
+    if kind not in KINDS:
+        raise WeightPayloadError(f"the payload's metadata must say kind 'full' or 'lora', not {kind!r}.")
+    if not version.isdigit():
+        raise WeightPayloadError(
+            f"the payload's metadata must give version as a whole number, not {version!r}."
+        )
+    try:
+        scaling = {str(k): float(v) for k, v in json.loads(metadata.get("scaling") or "{}").items()}
+    except (ValueError, TypeError, AttributeError):
+        raise WeightPayloadError("the payload's scaling must be a JSON object of numbers.") from None
+    return Payload(kind, int(version), tensors, scaling)
+
+
+class LoraMerger:
+    """Turns payloads into the whole tensors to copy into one model (``state``: its state_dict)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], tied: set[str]) -> None:
+        self.state, self.tied = state, tied
+        self.base: dict[str, torch.Tensor] = {}  # weight name -> its last full value, for adapted layers
+
+    def tensors(self, payload: Payload) -> dict[str, torch.Tensor]:
+        """Checked names and shapes; for ``lora`` the merged weights. Raises ``WeightPayloadError``."""
+        if payload.kind == "full":
+            _check_shapes(self.state, payload.tensors)
+            for name, value in payload.tensors.items():
+                if name in self.base:
+                    self.base[name] = value.detach().to("cpu", torch.float32, copy=True)
+            return payload.tensors
+        return {f"{module}.weight": self._merged(module, payload) for module in _modules(payload)}
+
+    def _merged(self, module: str, payload: Payload) -> torch.Tensor:
+        name = f"{module}.weight"
+        if name not in self.state:
+            raise WeightPayloadError(
+                f"the adapter names layer '{module[:120]}', which this model does not have."
+            )
+        if name in self.tied:
+            raise WeightPayloadError(
+                f"the adapter changes '{name}', which this model shares with another tensor (tied embeddings); "
+                "train without an adapter on that layer, or send full weights."
+            )
+        if module not in payload.scaling:
+            raise WeightPayloadError(f"the adapter gives no scaling for layer '{module[:120]}'.")
+        a, b = payload.tensors[f"{module}.lora_A"].float(), payload.tensors[f"{module}.lora_B"].float()
+        base = self.base.setdefault(name, self.state[name].detach().to("cpu", torch.float32, copy=True))
+        if (
+            a.dim() != 2
+            or b.dim() != 2
+            or (b.shape[0], a.shape[1]) != tuple(base.shape)
+            or a.shape[0] != b.shape[1]
+        ):
+            raise WeightPayloadError(
+                f"the adapter's factors for '{module[:120]}' ({tuple(b.shape)} @ {tuple(a.shape)}) do not make "
+                f"its weight's shape {tuple(base.shape)}."
+            )
+        return base + payload.scaling[module] * (b @ a)
+
+
+def _modules(payload: Payload) -> list[str]:
+    modules = sorted({k.rsplit(".", 1)[0] for k in payload.tensors})
+    for module in modules:
+        if set(_factor_names(payload, module)) != {f"{module}.lora_A", f"{module}.lora_B"}:
+            raise WeightPayloadError(
+                f"a lora payload holds '<layer>.lora_A' and '<layer>.lora_B' for each layer; '{module[:120]}' has "
+                f"{sorted(_factor_names(payload, module))[:3]}."
+            )
+    return modules
+
+
+def _factor_names(payload: Payload, module: str) -> list[str]:
+    return [k for k in payload.tensors if k.rsplit(".", 1)[0] == module]
+
+
+def _check_shapes(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    for name, value in tensors.items():
+        if name not in state:
+            raise WeightPayloadError(f"the payload names '{name[:160]}', which this model does not have.")
+        if tuple(value.shape) != tuple(state[name].shape):
+            raise WeightPayloadError(
+                f"the payload's '{name[:160]}' has shape {tuple(value.shape)}, the model's {tuple(state[name].shape)}."
+            )
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that share storage with another name (tied input and output embeddings)."""
+    seen: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(param.data_ptr(), []).append(name)
+    return {name for names in seen.values() if len(names) > 1 for name in names}
+
+
+def layout_fingerprint(names_shapes: dict[str, tuple[int, ...]]) -> str:
+    """What a model's tensors are called and shaped, as a short hash: two processes with the same
+    fingerprint can exchange weights by name (dtype is left out: a bf16 server takes fp32 tensors)."""
+    text = json.dumps(sorted((k, list(v)) for k, v in names_shapes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_layout(model_path: str) -> str:
+    """``layout_fingerprint`` of the model a checkpoint folder or hub id describes, from its config alone
+    (built on the meta device: no weights are read or allocated)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return layout_fingerprint({k: tuple(v.shape) for k, v in model.state_dict().items()})
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The vocabulary and special tokens as a short hash: ids mean the same on both sides only if equal."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    text = json.dumps([vocab, sorted(map(str, tokenizer.all_special_tokens))])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
