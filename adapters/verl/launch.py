@@ -124,10 +124,13 @@ def placement_overrides(config: TrainConfig, gpus: int) -> dict[str, Any]:
         "trainer.n_gpus_per_node": max(1, gpus),
     }
     if gpus == 0:
+        if not os.environ.get("RAY_ADDRESS"):  # a cluster already running has its resources (ray start)
+            keys |= {
+                "+ray_kwargs.ray_init.num_gpus": 1,  # verl counts only GPU resources: one logical slot
+                "ray_kwargs.ray_init.num_cpus": max(4, os.cpu_count() or 1),
+            }
         keys |= {
             "trainer.device": "cpu",
-            "+ray_kwargs.ray_init.num_gpus": 1,  # verl counts only GPU resources: one logical slot
-            "ray_kwargs.ray_init.num_cpus": max(4, os.cpu_count() or 1),
             "actor_rollout_ref.actor.strategy": "fsdp2",  # FSDP1 insists on syncing module states on a device
             "actor_rollout_ref.ref.strategy": "fsdp2",
             "actor_rollout_ref.model.use_remove_padding": False,  # needs flash-attn's varlen kernels
@@ -152,13 +155,29 @@ def placement_overrides(config: TrainConfig, gpus: int) -> dict[str, Any]:
     return keys
 
 
-def launch_env(gpus: int) -> dict[str, str]:
-    """verl's processes import our plugin (``VERL_USE_EXTERNAL_MODULES``); on a CPU it selects the CPU platform."""
+def launch_env(gpus: int, run_dir: Path) -> dict[str, str]:
+    """What every verl process needs: our plugin (``VERL_USE_EXTERNAL_MODULES``; on a CPU it selects the
+    CPU platform), the Python path to import it, where verl's file logger writes, and every ``BRIDGES_*``
+    variable of this process (the cache folder of the tiny models among them)."""
+    from bridges.adapters.verl.run_files import NATIVE_METRICS
+
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN]
-    env = {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath()}
+    env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_")}
+    env |= {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath(),
+            "VERL_FILE_LOGGER_PATH": str(run_dir / NATIVE_METRICS)}  # fmt: skip
     if gpus == 0:
         env["BRIDGES_VERL_CPU"] = "1"
     return env
+
+
+def ray_runtime_env(env: dict[str, str]) -> dict[str, Any]:
+    """``env`` as overrides of verl's Ray runtime environment. Why not only the launcher's environment: on
+    a cluster started with ``ray start``, each node's raylet starts the workers, and they inherit the
+    raylet's environment, not ours; the job's ``runtime_env`` reaches every worker on every node."""
+    for key, value in env.items():
+        if "'" in value:
+            raise ConfigError(f"the environment variable {key} holds a quote (') that verl's config cannot carry.")
+    return {f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}": f"'{v}'" for k, v in env.items()}
 
 
 def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> int:
@@ -258,14 +277,15 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, 
     files["agent_loops"].write_text(json.dumps(registration, indent=2) + "\n")  # JSON is valid YAML
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = prompt_budget(env, tokenizer), completion_budget(config, env)
-    keys = overrides(config, files, lengths, str(model_path), gpus)
+    variables = launch_env(gpus, run_dir)
+    keys = {**ray_runtime_env(variables), **overrides(config, files, lengths, str(model_path), gpus)}
     command = [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
         *(f"{k}={hydra_value(v)}" for k, v in keys.items()),
     ]
-    return command, files, launch_env(gpus)
+    return command, files, variables
 
 
 @functools.cache
@@ -346,15 +366,23 @@ def worker_pythonpath() -> str:
 def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("verl", "verl", "backend=verl")
     from bridges.adapters.verl.console import run_verl
-    from bridges.adapters.verl.run_files import NATIVE_METRICS, cut_back
+    from bridges.adapters.verl.run_files import cut_back
     from bridges.runs.metrics import StepProgress
 
     command, files, env = prepare(config)
+    if os.environ.get("RAY_ADDRESS"):  # a running cluster: every node must import the plugin
+        from bridges.adapters.verl.cluster import check_nodes
+
+        check_nodes(env)
     run_dir = files["run_dir"]
     resume_step = cut_back(run_dir, config.resume)
-    env["VERL_FILE_LOGGER_PATH"] = str(run_dir / NATIVE_METRICS)
     progress = StepProgress(config.progress, config.trainer.max_steps, resume_step, "verl")
-    return finish(config, run_dir, resume_step, run_verl(command, {**os.environ, **env}, run_dir, progress))
+    code = run_verl(command, {**os.environ, **env}, run_dir, progress)
+    if os.environ.get("RAY_ADDRESS"):  # workers on other nodes wrote their episodes to their own disks
+        from bridges.adapters.verl.cluster import gather_traces
+
+        gather_traces(run_dir, env)
+    return finish(config, run_dir, resume_step, code)
 
 
 BACKEND = Backend(

@@ -61,7 +61,31 @@ def _once_per_process() -> None:
         builder_logger.addFilter(_OncePerProcess(BUILDER_FALLBACK))
 
 
+MARKS_VARIABLE = "BRIDGES_VERL_MARKS"
+
+
+def _mark_process() -> None:
+    """With ``BRIDGES_VERL_MARKS=<folder>``: one file per verl process that loaded the plugin, named by its
+    Ray node and pid, so a cluster's users (and our tests) can see the plugin reached every node."""
+    folder = os.environ.get(MARKS_VARIABLE)
+    if not folder:
+        return
+    node = "driver"
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()
+    except Exception:  # not a Ray process, or Ray without a context yet: the driver's mark
+        pass
+    from pathlib import Path
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{node}-{os.getpid()}").write_text(os.environ.get(CPU_FLAG, "0"))
+
+
 def install() -> None:
+    _mark_process()
     _fix_trl_probe()
     _once_per_process()
     if os.environ.get(CPU_FLAG) == "1":

@@ -1,0 +1,133 @@
+"""verl on a Ray cluster that is already running (``RAY_ADDRESS``): every node is checked before verl starts.
+
+Why: verl's workers import our plugin on whichever node Ray places them. On a node where rl-bridges
+cannot be imported, verl fails deep inside a worker, minutes in, with a stack trace from its own
+code. One small task per node, pinned there and run with the job's runtime environment, finds that
+first and says which node in one sentence.
+
+After the run, the episodes: verl's agent-loop workers write traces to the run folder's path on their
+own node's disk. ``gather_traces`` brings every other node's file into the driver's
+``traces.jsonl`` (and removes it there), so the run folder stays the one record of the run; where
+the nodes share the folder (one machine, a network file system) there is nothing to bring.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from bridges.runtime.errors import ConfigError, require_extra
+
+NEEDED = ("bridges.adapters.verl.plugin", "verl")
+CHECK_TIMEOUT_S = 120.0
+
+
+def _importable(modules: Sequence[str]) -> str | None:
+    """Run on a node: None when every module can be found there, else which cannot."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return f"cannot import {module}"
+        except (ImportError, ValueError) as exc:
+            return f"cannot import {module} ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S) -> int:
+    """Every alive node of the cluster at ``RAY_ADDRESS`` imports ``modules`` under ``env`` (the job's
+    runtime environment), or ``ConfigError`` naming the first that does not. Returns the node count."""
+    ray = require_extra("ray", "verl", "backend=verl on a Ray cluster")
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    address = os.environ["RAY_ADDRESS"]
+    _reachable(address)
+    try:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False, logging_level="ERROR")
+    except Exception as exc:  # a wrong address, a cluster that is gone, an auth mismatch
+        raise ConfigError(f"RAY_ADDRESS={address} names no Ray cluster this process can join "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).") from None  # fmt: skip
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        probe = ray.remote(num_cpus=0)(_importable)
+        pending = {
+            probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(modules): n
+            for n in nodes
+        }  # fmt: skip
+        for ref, node in pending.items():
+            problem = _answer(ray, ref, timeout)
+            if problem is not None:
+                raise ConfigError(
+                    f"Ray node {node['NodeManagerAddress']} ({node['NodeID'][:12]}) {problem}: install rl-bridges "
+                    "and verl on every node of the cluster (the same versions), or put the project on a path "
+                    "every node shares and in PYTHONPATH."
+                )
+        return len(nodes)
+    finally:
+        ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """A ``host:port`` that takes no TCP connection is one sentence now, not Ray's minute of retries."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:  # "auto", ray://...: left to Ray
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+    except OSError as exc:
+        raise ConfigError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
+                          "cluster with ray start --head, or unset RAY_ADDRESS to let verl start its own.") from None  # fmt: skip
+
+
+def _answer(ray: Any, ref: Any, timeout: float) -> str | None:
+    try:
+        return ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        return f"did not run a check task within {timeout:.0f} s"
+    except Exception as exc:  # the task's process could not start (a runtime environment that fails there)
+        return f"could not run a check task ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+
+
+def _take_remote_traces(run_dir: str, token: str) -> str | None:
+    """Run on a node after the run: the traces verl's workers wrote to this node's disk, removed from it;
+    None where the run folder is the driver's own (a shared file system: the driver's token is there)."""
+    from pathlib import Path
+
+    folder = Path(run_dir)
+    if (folder / token).exists():
+        return None
+    traces = folder / "traces.jsonl"
+    if not traces.exists():
+        return ""
+    text = traces.read_text()
+    traces.unlink()
+    return text
+
+
+def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIMEOUT_S) -> int:
+    """Append to the driver's ``traces.jsonl`` the episodes workers on other nodes wrote to their own
+    disks (verl places agent-loop workers anywhere); returns how many were brought over."""
+    import secrets
+
+    ray = require_extra("ray", "verl", "backend=verl on a Ray cluster")
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = f".gather-{secrets.token_hex(8)}"
+    (run_dir / token).touch()
+    ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip
+    try:
+        take = ray.remote(num_cpus=0)(_take_remote_traces)
+        refs = [take.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote(str(run_dir), token) for n in ray.nodes() if n.get("Alive")]  # fmt: skip
+        texts = [text for text in ray.get(refs, timeout=timeout) if text]
+    finally:
+        ray.shutdown()
+        (run_dir / token).unlink()
+    with (run_dir / "traces.jsonl").open("a") as out:
+        for text in texts:
+            out.write(text if text.endswith("\n") else text + "\n")
+    return sum(text.count("\n") for text in texts)

@@ -1,0 +1,105 @@
+"""verl on a Ray cluster started before the run (issue 27, item 5): a head and a second raylet on this
+machine (``ray start``), ``RAY_ADDRESS`` set, ``backend=verl`` for two steps. Every verl process that
+loads our plugin leaves a mark naming its Ray node (``BRIDGES_VERL_MARKS``, carried to the workers by
+the job's runtime environment like the plugin itself): both raylets' workers must have loaded it.
+A node that cannot import the project, and an address where no cluster answers, are one sentence.
+Both raylets are stopped afterwards, by a mark in their environment (``ray stop`` would stop every
+cluster on the machine, other tests' included)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from process_marks import processes_marked  # noqa: E402
+
+from bridges.runtime.launch import free_port  # noqa: E402
+
+pytest.importorskip("verl")
+SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8",
+         "progress=false"]  # fmt: skip
+
+
+def ray_command(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "ray"), *args]
+
+
+@pytest.fixture
+def cluster() -> Iterator[dict[str, str]]:
+    """A head (3 CPUs, 1 logical GPU: verl's resource pool counts GPUs) and a second raylet (2 CPUs), each
+    with its own temp folder (short: Ray's socket paths have a length limit); the environment to join it."""
+    mark = f"BRIDGES_TEST_CLUSTER={uuid.uuid4().hex}"
+    root = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1]}
+    common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+    try:
+        subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", "1",
+                                   "--include-dashboard=false", "--temp-dir", str(root / "head"), *common),
+                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+        subprocess.run(ray_command("start", "--address", f"127.0.0.1:{port}", "--num-cpus", "2",
+                                   "--temp-dir", str(root / "worker"), *common),
+                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+        yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    finally:
+        for pid in processes_marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while processes_marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_marked(mark)  # both raylets and every worker they started are gone
+
+
+@pytest.mark.slow
+def test_verl_on_a_two_raylet_cluster_loads_the_plugin_on_both(cluster: dict[str, str], tmp_path: Path):
+    marks = tmp_path / "marks"
+    job = subprocess.run([sys.executable, "-m", "bridges.train", *SMALL], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900, env={**cluster, "BRIDGES_VERL_MARKS": str(marks)})  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    loaded = [p.name.rsplit("-", 1)[0] for p in marks.iterdir()]
+    nodes = {n for n in loaded if n != "driver"}
+    assert len(nodes) == 2, loaded  # workers on the head and on the second raylet loaded it
+    assert {p.read_text() for p in marks.iterdir()} == {"1"}  # BRIDGES_VERL_CPU reached each of them
+    run = tmp_path / "runs" / "verl-repeat_letter"
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    traces = [json.loads(x) for x in (run / "traces.jsonl").read_text().splitlines()]
+    assert sum(t["provenance"]["split"] == "train" for t in traces) == 2 * 2 * 4
+
+
+def test_a_node_without_the_project_or_a_dead_address_is_one_sentence(cluster: dict[str, str], monkeypatch):
+    from bridges.adapters.verl.cluster import check_nodes
+    from bridges.runtime.errors import ConfigError
+
+    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
+        monkeypatch.setenv(key, cluster[key])
+    assert check_nodes({}) == 2
+    with pytest.raises(ConfigError, match=r"^Ray node \S+ \(\w+\) cannot import missing_here: install rl-bridges"):
+        check_nodes({}, modules=("bridges", "missing_here"))
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
+    with pytest.raises(ConfigError, match=r"nothing answers there"):
+        check_nodes({})
+
+
+def test_a_nodes_own_traces_are_taken_unless_it_shares_the_drivers_folder(tmp_path: Path):
+    from bridges.adapters.verl.cluster import _take_remote_traces
+
+    (tmp_path / "traces.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    (tmp_path / ".gather-x").touch()
+    assert _take_remote_traces(str(tmp_path), ".gather-x") is None  # the driver's own folder: left alone
+    assert (tmp_path / "traces.jsonl").exists()
+    assert _take_remote_traces(str(tmp_path), ".gather-y") == '{"a": 1}\n{"a": 2}\n'  # another node's disk
+    assert not (tmp_path / "traces.jsonl").exists()
+    assert _take_remote_traces(str(tmp_path / "none"), ".gather-y") == ""
