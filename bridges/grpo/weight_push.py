@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from bridges.models.weight_payload import Payload, encode
+from bridges.runtime.errors import require_extra
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -28,12 +29,11 @@ def base_name(name: str) -> str:
 
 def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
     """Each adapted layer's scaling (``lora_alpha / r``, or rsLoRA's), by its base name; empty without LoRA."""
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # no peft installed: no policy here can hold an adapter
+    if not any(".lora_" in name for name, _ in policy.named_parameters()):
         return {}
+    lora_layer = require_extra("peft.tuners.lora", "trl", "LoRA weights for inference servers").LoraLayer
     return {base_name(name): float(module.scaling["default"]) for name, module in policy.named_modules()
-            if isinstance(module, LoraLayer) and "default" in module.scaling}  # fmt: skip
+            if isinstance(module, lora_layer) and "default" in module.scaling}  # fmt: skip
 
 
 def full_payload(state: dict[str, torch.Tensor], version: int) -> Payload:
