@@ -200,3 +200,17 @@ def test_a_server_without_a_weights_key_takes_no_pushes(hf_engine: Any):
     with serve_in_thread(EngineClient(hf_engine, model_name="tiny")) as server:
         reply = push(server, b"{}")
     assert reply.status_code == 403 and "start it with weights_key" in reply.json()["error"]["message"]
+
+
+def test_a_push_past_max_weights_bytes_is_413_and_reads_no_further(tiny_path: Path, tiny_tokenizer: Any):
+    from bridges.adapters.hf import HFEngine
+    from bridges.client import EngineClient
+
+    model = fresh(tiny_path)
+    engine = HFEngine(model, tiny_tokenizer)
+    updates = WeightUpdates(KEY, model, max_bytes=4096)
+    with serve_in_thread(EngineClient(engine, model_name="tiny"), updates=updates) as server:
+        reply = push(server, encode(Payload("full", 1, dict(model.state_dict()))))
+    engine.close()
+    assert reply.status_code == 413 and "larger than 4096 bytes (max_weights_bytes)" in reply.json()["error"]["message"]
+    assert engine.weight_version == 0
