@@ -13,9 +13,10 @@ the nodes share the folder (one machine, a network file system) there is nothing
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bridges.runtime.errors import ConfigError, require_extra
@@ -37,12 +38,11 @@ def _importable(modules: Sequence[str]) -> str | None:
     return None
 
 
-def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S) -> int:
-    """Every alive node of the cluster at ``RAY_ADDRESS`` imports ``modules`` under ``env`` (the job's
-    runtime environment), or ``ConfigError`` naming the first that does not. Returns the node count."""
+@contextlib.contextmanager
+def _joined(env: dict[str, str]) -> Iterator[Any]:
+    """This process joined to the cluster at ``RAY_ADDRESS`` with the job's runtime environment ``env``,
+    left again afterwards; an address that answers nothing or cannot be joined is one sentence."""
     ray = require_extra("ray", "verl", "backend=verl on a Ray cluster")
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     address = os.environ["RAY_ADDRESS"]
     _reachable(address)
     try:
@@ -51,13 +51,26 @@ def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: f
         raise ConfigError(f"RAY_ADDRESS={address} names no Ray cluster this process can join "
                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).") from None  # fmt: skip
     try:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        probe = ray.remote(num_cpus=0)(_importable)
-        pending = {
-            probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(modules): n
-            for n in nodes
-        }  # fmt: skip
-        for ref, node in pending.items():
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _on_each_node(ray: Any, function: Any, *args: Any) -> list[tuple[dict[str, Any], Any]]:
+    """``function(*args)`` as a task pinned to each alive node: (the node, the task's reference)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(function)
+    return [(node, task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+             .remote(*args)) for node in ray.nodes() if node.get("Alive")]  # fmt: skip
+
+
+def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S) -> int:
+    """Every alive node of the cluster at ``RAY_ADDRESS`` imports ``modules`` under ``env`` (the job's
+    runtime environment), or ``ConfigError`` naming the first that does not. Returns the node count."""
+    with _joined(env) as ray:
+        pending = _on_each_node(ray, _importable, modules)
+        for node, ref in pending:
             problem = _answer(ray, ref, timeout)
             if problem is not None:
                 raise ConfigError(
@@ -65,9 +78,7 @@ def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: f
                     "and verl on every node of the cluster (the same versions), or put the project on a path "
                     "every node shares and in PYTHONPATH."
                 )
-        return len(nodes)
-    finally:
-        ray.shutdown()
+        return len(pending)
 
 
 def _reachable(address: str) -> None:
@@ -112,20 +123,13 @@ def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIME
     disks (verl places agent-loop workers anywhere); returns how many were brought over."""
     import secrets
 
-    ray = require_extra("ray", "verl", "backend=verl on a Ray cluster")
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     token = f".gather-{secrets.token_hex(8)}"
     (run_dir / token).touch()
-    ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, log_to_driver=False,
-             logging_level="ERROR")  # fmt: skip
     try:
-        take = ray.remote(num_cpus=0)(_take_remote_traces)
-        refs = [take.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote(str(run_dir), token) for n in ray.nodes() if n.get("Alive")]  # fmt: skip
-        texts = [text for text in ray.get(refs, timeout=timeout) if text]
+        with _joined(env) as ray:
+            refs = [ref for _, ref in _on_each_node(ray, _take_remote_traces, str(run_dir), token)]
+            texts = [text for text in ray.get(refs, timeout=timeout) if text]
     finally:
-        ray.shutdown()
         (run_dir / token).unlink()
     with (run_dir / "traces.jsonl").open("a") as out:
         for text in texts:

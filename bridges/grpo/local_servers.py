@@ -21,7 +21,7 @@ from typing import IO
 import httpx2
 
 from bridges.runtime.errors import ConfigError, EngineError
-from bridges.runtime.launch import die_with_parent, free_port
+from bridges.runtime.launch import die_with_parent, free_port, stop_processes
 
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
@@ -70,17 +70,8 @@ class LocalServers:
         return " | ".join(text[-lines:]) or "(no output)"
 
     def close(self) -> None:
-        """SIGTERM each, SIGKILL what is left after the grace period, and reap them all."""
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in self.processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """SIGTERM each (with whatever it started), SIGKILL what is left after the grace period, reaped."""
+        stop_processes(self.processes, STOP_GRACE_S)
         for file in self._files:
             file.close()
 

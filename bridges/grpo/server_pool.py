@@ -24,7 +24,7 @@ import httpx2
 import openai
 import torch
 
-from bridges.grpo.weight_push import full_payload, lora_payload
+from bridges.grpo.weight_push import full_payload, payload_bytes
 from bridges.models.weight_payload import encode
 from bridges.runtime.errors import ConfigError
 
@@ -40,6 +40,7 @@ class Server:
     model: str = ""  # the name it serves, from /health
     version: int = -1  # the weight version it holds, as last seen
     up: bool = False
+    was_in: bool = False  # so that coming back is said, and the first admission is not
     reason: str = "not checked yet"  # why it is out
 
 
@@ -80,6 +81,10 @@ class ServerPool:
 
     def in_servers(self) -> list[Server]:
         return [s for s in self.servers if s.up]
+
+    def reasons(self) -> str:
+        """Why each server is where it is, for a sentence that says none can serve."""
+        return "; ".join(f"{s.url}: {s.reason}" for s in self.servers)
 
     async def check_all(self) -> None:
         """At start: every server answers ``/health`` with the trainer's layout and vocabulary, or one
@@ -123,26 +128,24 @@ class ServerPool:
         if server.version < self.version and self.pusher and self._latest:
             await self._send(server, await asyncio.to_thread(self._whole_parts))
         if server.version >= self.version:
-            if server.reason != "not checked yet":
+            if server.was_in:
                 print(
                     f"inference server {server.url} is back in at weight version {server.version}", flush=True
                 )
-            server.up = True
+            self._admit(server)
+
+    def _admit(self, server: Server) -> None:
+        server.up = server.was_in = True
 
     async def push(self, state: dict[str, torch.Tensor], version: int, whole: bool) -> None:
-        """``version``'s tensors to every server that is in (the main process only); a failed push
-        takes that server out. ``whole``: the first push, which carries the whole model."""
+        """The main process: ``version``'s tensors to every server that is in; a failed push takes that
+        server out. ``whole``: the first push, which carries the whole model."""
         self.version = version
-        if not self.pusher:  # after the main process pushed: in are the servers it brought to this version
-            caught_up = await asyncio.gather(*(self._caught_up(s) for s in self.servers))
-            for server, ok in zip(self.servers, caught_up, strict=True):
-                server.up = ok
-            return
         if whole and self.scalings:
             self._base = {
                 k: v.detach().to("cpu", copy=True) for k, v in full_payload(state, version).tensors.items()
             }
-        parts = await asyncio.to_thread(self._encode, state, version, whole)
+        parts = await asyncio.to_thread(payload_bytes, state, self.scalings, version, whole)
         self._latest = parts[-1:] if self.scalings else parts
         await asyncio.gather(*(self._send(s, parts) for s in self.servers if s.up or whole))
         refused = [s for s in self.servers if not s.up]
@@ -151,15 +154,18 @@ class ServerPool:
                 f"inference server {refused[0].url} did not take the trainer's weights: {refused[0].reason}"
             )
 
-    async def _caught_up(self, server: Server) -> bool:
-        """A watching process: is ``server`` at the current version (the main process pushed it)?"""
-        return await self.probe(server) is None and server.version >= self.version
+    async def follow(self, version: int) -> None:
+        """The other processes, once the main one pushed ``version``: in are the servers that hold it."""
+        self.version = version
+        caught_up = await asyncio.gather(*(self._caught_up(s) for s in self.servers))
+        for server, ok in zip(self.servers, caught_up, strict=True):
+            if ok:
+                self._admit(server)
+            else:
+                server.up = False
 
-    def _encode(self, state: dict[str, torch.Tensor], version: int, whole: bool) -> list[bytes]:
-        if not self.scalings:
-            return [encode(full_payload(state, version))]
-        adapter = encode(lora_payload(state, self.scalings, version))
-        return [encode(full_payload(state, version)), adapter] if whole else [adapter]
+    async def _caught_up(self, server: Server) -> bool:
+        return await self.probe(server) is None and server.version >= self.version
 
     def _whole_parts(self) -> list[bytes]:
         """What brings a fresh server to the current version: the latest push, after the base for LoRA."""
@@ -175,7 +181,8 @@ class ServerPool:
                     reply = await http.post(f"{server.url}/v1/weights", content=part, headers=headers)
                     if reply.status_code != 200:
                         raise PushRefused(_message(reply))
-            server.version, server.up = self.version, True
+            server.version = self.version
+            self._admit(server)
         except (httpx2.HTTPError, PushRefused) as exc:
             self.mark_out(server, f"the weight push failed ({' '.join(str(exc).split())[:200]})")
 

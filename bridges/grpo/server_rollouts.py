@@ -69,9 +69,8 @@ class ServerRollouts:
         await self.pool.refresh()
         while not self.pool.in_servers():
             if time.monotonic() > deadline:
-                reasons = "; ".join(f"{s.url}: {s.reason}" for s in self.pool.servers)
                 raise EngineError(
-                    f"no inference server answered for {self._wait_s:.0f} s (server_timeout): {reasons}"
+                    f"no inference server answered for {self._wait_s:.0f} s (server_timeout): {self.pool.reasons()}"
                 )
             await asyncio.sleep(1.0)
             await self.pool.refresh()
@@ -105,9 +104,7 @@ class ServerRollouts:
     def _unserved(self, row: dict[str, Any]) -> State:
         state = self.env.init_state(row)
         state.stop_reason = StopReason.ENGINE_ERROR.value
-        state.error = "every inference server went out during this group: " + "; ".join(
-            f"{s.url}: {s.reason}" for s in self.pool.servers
-        )
+        state.error = f"every inference server went out during this group: {self.pool.reasons()}"
         return state
 
     async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
@@ -121,7 +118,7 @@ class ServerRollouts:
             await self.pool.push(state, version, whole)
         await asyncio.to_thread(self._barrier)  # [distributed] the others see the servers updated
         if not self.pool.pusher:
-            await self.pool.push(state, version, whole)
+            await self.pool.follow(version)
 
     async def aclose(self) -> None:
         for server in self.pool.servers:

@@ -125,18 +125,17 @@ class LoraMerger:
 
 
 def _modules(payload: Payload) -> list[str]:
-    modules = sorted({k.rsplit(".", 1)[0] for k in payload.tensors})
-    for module in modules:
-        if set(_factor_names(payload, module)) != {f"{module}.lora_A", f"{module}.lora_B"}:
+    """The adapted layers, each holding exactly its two factors, or ``WeightPayloadError``."""
+    factors: dict[str, set[str]] = {}
+    for name in payload.tensors:
+        factors.setdefault(name.rsplit(".", 1)[0], set()).add(name)
+    for module, names in factors.items():
+        if names != {f"{module}.lora_A", f"{module}.lora_B"}:
             raise WeightPayloadError(
                 f"a lora payload holds '<layer>.lora_A' and '<layer>.lora_B' for each layer; '{module[:120]}' has "
-                f"{sorted(_factor_names(payload, module))[:3]}."
+                f"{sorted(names)[:3]}."
             )
-    return modules
-
-
-def _factor_names(payload: Payload, module: str) -> list[str]:
-    return [k for k in payload.tensors if k.rsplit(".", 1)[0] == module]
+    return sorted(factors)
 
 
 def _check_shapes(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:

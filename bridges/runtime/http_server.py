@@ -9,6 +9,7 @@ finds it. Both ``bridges.serve`` and the local Tinker server use this module, so
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import socket
 import threading
@@ -24,6 +25,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bearer_matches(request: Any, expected: bytes) -> bool:
+    """Does the request's ``Authorization`` header equal ``expected`` (``b"Bearer <key>"``)? In constant
+    time, so the comparison does not tell a caller how much of a guessed key was right."""
+    return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
 
 
 def check_bind(host: str, api_key: str | None) -> None:

@@ -95,7 +95,7 @@ def launch(module: str, argv: Sequence[str], size: int, run_dir: Path) -> int:
     try:
         failed = _first_failure(processes)
     finally:
-        _stop(processes)
+        stop_processes(processes)
     if failed is None:
         return 0
     rank, code = failed
@@ -118,13 +118,14 @@ def _first_failure(processes: list[subprocess.Popen[bytes]]) -> tuple[int, int] 
         time.sleep(POLL_S)
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Every process still running, with everything it started: SIGTERM, then SIGKILL."""
+def stop_processes(processes: list[subprocess.Popen[bytes]], grace: float = STOP_GRACE_S) -> None:
+    """Every process still running, with everything it started (each leads its own session:
+    ``die_with_parent``): SIGTERM, then SIGKILL after ``grace`` seconds; all reaped."""
     running = [p for p in processes if p.poll() is None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace
     for process in running:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -7,7 +7,6 @@ the engine and the client and hands them here.
 
 from __future__ import annotations
 
-import hmac
 import json
 import sys
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridges.client.http_bodies import response_json, split_kwargs, tool_calls_problem
-from bridges.runtime.http_server import ServerThread, check_bind
+from bridges.runtime.http_server import ServerThread, bearer_matches, check_bind
 from bridges.server.sessions import SessionEndpoints
 from bridges.server.weights import DEFAULT_MAX_WEIGHTS_BYTES, WeightEndpoints
 
@@ -61,14 +60,14 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_limited(request: Any, limit: int) -> bytes:
-    """``_read_body`` with its refusal as ``SessionRefusal`` (413), as the weights route expects."""
+async def _read_limited(request: Any, limit: int, option: str) -> bytes:
+    """``_read_body`` with its refusal as ``SessionRefusal`` (413) naming the ``option`` that sets ``limit``."""
     from bridges.agents.sessions import SessionRefusal
 
     try:
         return await _read_body(request, limit)
     except _BodyTooLarge:
-        raise SessionRefusal(413, f"the request body is larger than {limit} bytes (max_weights_bytes).",
+        raise SessionRefusal(413, f"the request body is larger than {limit} bytes ({option}).",
                              "body_too_large") from None  # fmt: skip
 
 
@@ -112,8 +111,7 @@ class _Endpoints:
 
     def unauthorized(self, request: Any) -> Any:
         """None when the request may pass, else the 401."""
-        given = request.headers.get("authorization", "").encode()
-        if self.expected is None or hmac.compare_digest(given, self.expected):
+        if self.expected is None or bearer_matches(request, self.expected):
             return None
         return _error_response(
             401, "missing or wrong API key: send 'Authorization: Bearer <api_key>'.", "invalid_api_key"
@@ -121,14 +119,7 @@ class _Endpoints:
 
     async def read_raw(self, request: Any) -> bytes:
         """The body's bytes, or ``SessionRefusal`` (413) past ``max_body_bytes``."""
-        from bridges.agents.sessions import SessionRefusal
-
-        limit = self.limits.max_body_bytes
-        try:
-            return await _read_body(request, limit)
-        except _BodyTooLarge:
-            raise SessionRefusal(413, f"the request body is larger than {limit} bytes (max_body_bytes).",
-                                 "body_too_large") from None  # fmt: skip
+        return await _read_limited(request, self.limits.max_body_bytes, "max_body_bytes")
 
     async def read_request(self, request: Any, required: tuple[str, ...]) -> Any:
         """The JSON object of a request, or the 4xx response that refuses it."""

@@ -21,10 +21,10 @@ Pushes are applied one at a time, and a push older than the weights the server h
 from __future__ import annotations
 
 import asyncio
-import hmac
 from typing import Any
 
 from bridges.models.weight_payload import LoraMerger, WeightPayloadError, decode, tied_names
+from bridges.runtime.http_server import bearer_matches
 
 DEFAULT_MAX_WEIGHTS_BYTES = 64 * 1024**3
 
@@ -54,7 +54,7 @@ class WeightEndpoints:
         if refused is not None:
             return refused
         try:
-            payload = await asyncio.to_thread(decode, await self.read_body(request, self.max_bytes))
+            payload = await asyncio.to_thread(decode, await self.read_body(request, self.max_bytes, "max_weights_bytes"))
         except SessionRefusal as too_large:
             return _error(too_large.status, too_large.message, too_large.code)
         except WeightPayloadError as exc:
@@ -67,10 +67,7 @@ class WeightEndpoints:
             try:
                 tensors = await asyncio.to_thread(self._tensors, payload)  # a merge is a matmul per layer
                 await self.engine.aupdate_weights(tensors, version=payload.version)
-            except (
-                WeightPayloadError,
-                ValueError,
-            ) as exc:  # the engine's own name/shape check is a ValueError
+            except (WeightPayloadError, ValueError) as exc:  # the engine's own name/shape check is a ValueError
                 return _error(400, " ".join(str(exc).split()), "invalid_weights")
         return JSONResponse({"weight_version": payload.version, "tensors": len(tensors)})
 
@@ -78,8 +75,7 @@ class WeightEndpoints:
         if self.expected is None:
             return _error(403, "this server takes no weight updates; start it with weights_key=<secret>.",
                           "weights_disabled")  # fmt: skip
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, self.expected):
+        if not bearer_matches(request, self.expected):
             return _error(401, "missing or wrong weights key: send 'Authorization: Bearer <weights_key>'.",
                           "invalid_weights_key")  # fmt: skip
         return None
@@ -93,7 +89,9 @@ class WeightEndpoints:
 
 
 def _error(status: int, message: str, code: str) -> Any:
+    """The refusal in OpenAI's error shape, as every other route of the server sends it."""
     from starlette.responses import JSONResponse
 
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    return JSONResponse(body, status_code=status)
+    from bridges.agents.sessions import SessionRefusal
+
+    return JSONResponse(SessionRefusal(status, message, code).body(), status_code=status)
