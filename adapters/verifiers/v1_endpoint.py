@@ -12,6 +12,12 @@ by a header is also the seam agents in other programs use.
 
 The endpoint runs in the rollout's own event loop (aiohttp), binds 127.0.0.1
 only, and requires a bearer secret it makes itself.
+
+Seeds: verifiers sends every call of an episode with the episode's one sampling config, so every
+agent run in it (both seats of a hand, the ``n`` attempts of ``best-of-n`` at one identical prompt)
+would sample with one seed and, at an identical prompt, sample identical replies. Each episode is
+therefore served under a path of its own, and its j-th session samples with ``seed + j *
+EPISODE_SEED_STRIDE``, and that session's call k with ``SEED_STRIDE`` more per call, as every session.
 """
 
 from __future__ import annotations
@@ -20,32 +26,39 @@ import secrets
 from typing import Any
 
 from bridges.agents.session_routes import parse_body
-from bridges.agents.sessions import Session, SessionRefusal, answer_chat
+from bridges.agents.sessions import SEED_STRIDE, Session, SessionRefusal, answer_chat
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_CALLS_PER_SESSION = 256
+EPISODE_SEED_STRIDE = MAX_CALLS_PER_SESSION * SEED_STRIDE  # past every call of the session before
 
 
 class SessionEndpoint:
-    """``/c/<client>/v1/chat/completions`` over each client added (``url_for``); every answered call is
-    kept under its session id. One endpoint serves every client of its event loop: verifiers' env holds
-    one interception server at a time, so the clients a backend swaps in (Tinker's sampler per weight
-    version) must share it rather than each open their own beside it. Each call is answered by the
-    same session core as agents in other programs (``bridges.agents.sessions.answer_chat``: tool calls
-    checked, capped, recorded); verifiers names the session in a header rather than in the URL."""
+    """``/c/<client>/e/<episode>/v1/chat/completions`` over each client added (``url_for``); every
+    answered call is kept under its session id. One endpoint serves every client of its event loop:
+    verifiers' env holds one interception server at a time, so the clients a backend swaps in (Tinker's
+    sampler per weight version) must share it rather than each open their own beside it. Each call is
+    answered by the same session core as agents in other programs (``bridges.agents.sessions.answer_chat``:
+    tool calls checked, capped, recorded); verifiers names the session in a header rather than in the URL."""
 
     def __init__(self) -> None:
         self.secret = secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
         self.clients: dict[int, Any] = {}
+        self.episodes: dict[str, int] = {}  # episode -> sessions it has opened (the next one's seed offset)
         self._runner: Any = None
         self._root = ""
 
-    def url_for(self, client: Any) -> str:
-        """The base URL under which ``client`` answers (added on first use, kept until the endpoint closes)."""
+    def url_for(self, client: Any, episode: str) -> str:
+        """The base URL under which ``client`` answers ``episode`` (the client is kept until the
+        endpoint closes, the episode until ``end_episode``)."""
         self.clients[id(client)] = client
-        return f"{self._root}/c/{id(client)}/v1"
+        self.episodes.setdefault(episode, 0)
+        return f"{self._root}/c/{id(client)}/e/{episode}/v1"
+
+    def end_episode(self, episode: str) -> None:
+        self.episodes.pop(episode, None)
 
     def take(self, session_id: str) -> list[Any]:
         """The responses recorded for ``session_id``, in order (forgotten here once taken)."""
@@ -56,7 +69,7 @@ class SessionEndpoint:
         from aiohttp import web
 
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/c/{client}/v1/chat/completions", self._chat)
+        app.router.add_post("/c/{client}/e/{episode}/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -68,6 +81,7 @@ class SessionEndpoint:
     async def __aexit__(self, *exc: object) -> None:
         self.sessions.clear()  # a rollout cut short by its deadline never took its calls
         self.clients.clear()
+        self.episodes.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -80,8 +94,8 @@ class SessionEndpoint:
         client = self.clients.get(
             int(request.match_info["client"]) if request.match_info["client"].isdigit() else -1
         )
-        if client is None:
-            return _error(web, 404, "no client is served under that path.")
+        if client is None or request.match_info["episode"] not in self.episodes:
+            return _error(web, 404, "no client or episode is served under that path (an ended episode's).")
         try:
             body = parse_body(await request.read())
         except web.HTTPRequestEntityTooLarge:
@@ -91,10 +105,20 @@ class SessionEndpoint:
         key = request.headers.get(SESSION_HEADER, "")
         session = self.sessions.get(key)
         if session is None:  # verifiers sends each call with the seat's own model name and sampling
-            session = Session(key, client, str(body.get("model", "")), {}, max_calls=MAX_CALLS_PER_SESSION)
+            forced = self._session_seed(request.match_info["episode"], body.get("seed"))
+            session = Session(key, client, str(body.get("model", "")), forced, max_calls=MAX_CALLS_PER_SESSION)
             self.sessions[key] = session
         status, payload = await answer_chat(session, body)
         return web.json_response(payload, status=status)
+
+
+    def _session_seed(self, episode: str, seed: Any) -> dict[str, Any]:
+        """The seed a new session of ``episode`` samples with: the episode's, moved past its earlier
+        sessions' (none where the call carries none)."""
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            return {}
+        opened, self.episodes[episode] = self.episodes[episode], self.episodes[episode] + 1
+        return {"seed": seed + opened * EPISODE_SEED_STRIDE}
 
 
 def _error(web: Any, status: int, message: str) -> Any:

@@ -11,16 +11,20 @@ trainable seat, and a rollout of it yields that seat's trace as its sample, with
 A group is therefore task × seat, the baseline the public multi-agent examples ask for
 (``kuhn_poker``: "per game x seat"), and it is the same on every backend because it lives in the
 rows. The rollouts of one task's seats share episodes where they run together (``v1_sharing``), so
-one hand trains every trainable seat; a seat that runs several times in one episode (``best_of_n``)
-trains on its first trace, and ``v1/seat_traces`` counts them. Seats the env's ``setup()`` stands down
-(``trainable=False``) get no rows.
+one hand trains every trainable seat, and a seat that runs several times in one episode
+(``best-of-n``) trains on each of its traces, one per rollout of that seat; ``v1/seat_traces`` counts
+the seat's traces in the episode. Seats the env's ``setup()`` stands down (``trainable=False``) get
+no rows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import contextvars
 import functools
+import itertools
 import math
 import os
 import time
@@ -34,6 +38,11 @@ from bridges.envs.types import State, StopReason
 from bridges.runtime.errors import ConfigError
 
 MAX_TASKS = 100_000  # an infinite taskset is read this far
+# The seed of the group a rollout belongs to. Member i of a group samples with ``seed + i``
+# (``Environment.run_group``), so a seat's own rollouts could never meet on one episode if they matched
+# on their own seeds; they match on the group's, and the episode's sessions get seeds of their own
+# (``v1_endpoint``). Unset where a backend runs single rollouts (verl): each matches on its own.
+_GROUP_SEED: contextvars.ContextVar[Any] = contextvars.ContextVar("v1_group_seed", default=None)
 EPISODE_TIMEOUT = 600.0  # seconds: verifiers sets no limit by default; env_args.timeout.* sets its own
 
 
@@ -93,6 +102,7 @@ class V1Environment(Environment):
         if not self.tasks:
             raise ConfigError(f"the verifiers v1 taskset '{taskset_id}' yields no tasks.")
         self.trainable_seats = seats
+        self.traces_per_seat = dict.fromkeys(seats, 1)  # learnt from each finished episode (v1_sharing)
         self.rows_together = len(seats)  # a task's seat rows, kept adjacent so their rollouts share episodes
         rows = [_row(index, task, seat) for index, task in enumerate(self.tasks) for seat in seats]
         super().__init__(
@@ -103,6 +113,22 @@ class V1Environment(Environment):
             env_args=env_args,  # the id the user gave is recorded by the registry
         )
 
+    async def run_group(
+        self,
+        row: dict[str, Any],
+        client: Any,
+        model: str,
+        n: int,
+        sampling_args: dict[str, Any] | None = None,
+        *,
+        semaphore: Any = None,
+    ) -> list[State]:
+        token = _GROUP_SEED.set((sampling_args or {}).get("seed"))
+        try:
+            return await super().run_group(row, client, model, n, sampling_args, semaphore=semaphore)
+        finally:
+            _GROUP_SEED.reset(token)
+
     async def rollout(
         self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
     ) -> State:
@@ -111,10 +137,14 @@ class V1Environment(Environment):
         args = self.merged_sampling_args(sampling_args)
         try:
             task_index, seat = int(state.info["v1_task"]), str(state.info["v1_seat"])
+            group_seed = _GROUP_SEED.get()
+            match_args = args if group_seed is None else {**args, "seed": group_seed}
+            match = Match(task_index, client, model, match_args)
             async with asyncio.timeout(self.rollout_timeout):
-                traces, responses, shared = await self._episode(task_index, seat, client, model, args)
-            _fill(state, traces, responses)
+                trace, responses, shared, traces = await self._episode(match, seat, args)
+            _fill(state, trace, responses)
             state.metrics["v1/shared_episode"] = float(shared)
+            state.metrics["v1/seat_traces"] = float(traces)
         except TimeoutError:
             self.mark_timed_out(state)
         except EpisodeFailed as failed:
@@ -126,21 +156,21 @@ class V1Environment(Environment):
         state.timing.total_s = time.perf_counter() - started
         return state
 
-    async def _episode(
-        self, task_index: int, seat: str, client: Any, model: str, args: dict[str, Any]
-    ) -> tuple[list[Any], list[Any], bool]:
-        """``seat``'s traces (completion order) in an episode of the task, the responses the first of
-        them got, and whether another seat's rollout played that episode (``v1_sharing``)."""
+    async def _episode(self, match: Match, seat: str, args: dict[str, Any]) -> tuple[Any, list[Any], bool, int]:
+        """This rollout's trace of ``seat`` in an episode of the match's task, the responses it got,
+        whether another rollout played that episode (``v1_sharing``), and how many traces the seat
+        left in it. An episode this rollout starts samples with its own ``args``."""
         serving = self._serving_for()
-        played = functools.partial(self._play, serving, self.tasks[task_index], client, model, args)
-        match = Match(task_index, client, model, args)
-        (episode, calls), shared = await serving.episodes.play(match, seat, self.trainable_seats, played)
-        if episode.errors and not episode.traces:
-            raise EpisodeFailed(episode.errors[0])
-        mine = [trace for trace in episode.traces if trace.agent.name == seat]
-        if not mine:
-            raise EpisodeFailed.of(f"the episode ran no '{seat}' agent ({len(episode.traces)} traces).")
-        return mine, calls[mine[0].id], shared
+        task = self.tasks[match.task]
+        played = functools.partial(self._play, serving, task, match.client, match.model, args)
+        (episode, calls), index, shared = await serving.episodes.play(
+            match, seat, self.traces_per_seat, played
+        )
+        mine = _seat_traces(episode, seat)
+        if index >= len(mine):  # the episode left fewer traces of the seat than the last one: our own
+            (episode, calls), index, shared = await played(), 0, False
+            mine = _seat_traces(episode, seat)
+        return mine[index], calls[mine[index].id], shared, len(mine)
 
     async def _play(
         self, serving: Serving, task: Any, client: Any, model: str, args: dict[str, Any]
@@ -150,12 +180,18 @@ class V1Environment(Environment):
         from verifiers.v1.types import SamplingConfig
 
         sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None})
+        number = f"{next(serving.numbers)}"
         async with serving:
-            episode = await self.vf_env.run_slot(RunSlot(task), serving.context(client, model, sampling))
-            calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
-        firsts = {trace.agent.name: trace for trace in reversed(episode.traces)}  # each seat's first trace
-        for trace in firsts.values():  # a failed finalize() is the failure of every seat's sample
+            try:
+                context = serving.context(client, model, sampling, number)
+                episode = await self.vf_env.run_slot(RunSlot(task), context)
+                calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
+            finally:
+                serving.endpoint.end_episode(number)
+        for trace in episode.traces:  # a failed finalize() is the failure of every trace's sample
             trace.errors.extend(episode.errors)
+        counts = collections.Counter(trace.agent.name for trace in episode.traces)
+        self.traces_per_seat.update({seat: counts[seat] for seat in self.trainable_seats if counts[seat]})
         return episode, calls
 
     def _serving_for(self) -> Serving:
@@ -181,16 +217,18 @@ class Serving:
         self.vf_env, self.loop = vf_env, loop
         self.endpoint = SessionEndpoint()
         self.episodes: SharedEpisodes[tuple[Any, dict[str, Any]]] = SharedEpisodes()
+        self.numbers = itertools.count()  # each episode's path on the endpoint (its sessions' seeds)
         self.key_var = f"BRIDGES_V1_ENDPOINT_{id(self):x}"  # verifiers' client reads its key from one
         self._users = 0
         self._lock = asyncio.Lock()
         self._stack: contextlib.AsyncExitStack | None = None
 
-    def context(self, client: Any, model: str, sampling: Any) -> Any:
+    def context(self, client: Any, model: str, sampling: Any, episode: str) -> Any:
         from verifiers.v1.clients import ModelContext
         from verifiers.v1.configs.client import EvalClientConfig
 
-        config = EvalClientConfig(base_url=self.endpoint.url_for(client), api_key_var=self.key_var)
+        url = self.endpoint.url_for(client, episode)
+        config = EvalClientConfig(base_url=url, api_key_var=self.key_var)
         return ModelContext(model, config, sampling)
 
     async def __aenter__(self) -> Serving:
@@ -253,18 +291,26 @@ def _row(index: int, task: Any, seat: str) -> dict[str, Any]:
     }
 
 
-def _fill(state: State, traces: list[Any], responses: list[Any]) -> None:
-    """Our state from the seat's first trace: the completion, the sampled turns, the reward or the
+def _seat_traces(episode: Any, seat: str) -> list[Any]:
+    """The traces ``seat`` left in ``episode``, in verifiers' order; none is a failed episode."""
+    if episode.errors and not episode.traces:
+        raise EpisodeFailed(episode.errors[0])
+    mine = [trace for trace in episode.traces if trace.agent.name == seat]
+    if not mine:
+        raise EpisodeFailed.of(f"the episode ran no '{seat}' agent ({len(episode.traces)} traces).")
+    return mine
+
+
+def _fill(state: State, trace: Any, responses: list[Any]) -> None:
+    """Our state from one trace of the seat: the completion, the sampled turns, the reward or the
     failure; a reply an interception hook rewrote is counted (the turns hold what was sampled)."""
     from bridges.envs.multiturn import turn_from_response
 
-    trace = traces[0]
     messages = to_message_dicts(trace.messages)
     shown = len(state.prompt)  # the trace repeats the row's prompt, unless the env gave the seat another
     state.completion = messages[shown:] if messages[:shown] == to_message_dicts(state.prompt) else messages
     state.turns = [turn_from_response(r) for r in responses]
     state.extras["v1_trace_id"] = trace.id
-    state.metrics["v1/seat_traces"] = float(len(traces))
     state.metrics["v1/rewritten_replies"] = float(len(trace.response_rewrites))
     if not trace.agent.trainable:
         state.stop_reason = StopReason.ENV_ERROR.value

@@ -6,7 +6,10 @@ episode per row, each hand would train one seat and throw the other seats' trace
 compute for two seats. Here a rollout of (task, seat) first looks for an episode of the same task,
 model and sampling arguments that another seat's rollout started and whose ``seat`` trace nobody has
 claimed; it takes that trace, or starts an episode that the other seats may claim in turn. Both seats
-of a self-play hand so become samples, each in its own seat's group, from one episode.
+of a self-play hand so become samples, each in its own seat's group, from one episode. A seat that
+runs several times in one episode (verifiers' ``best-of-n``: one seat, ``n`` attempts) offers each of
+its traces to a rollout of that seat: how many an episode holds is learnt from the last finished one
+(``slots``, one per seat until then), and a rollout whose slot the episode did not fill plays its own.
 
 Which rollouts meet depends on scheduling, never on correctness: a rollout that finds no partner plays
 its own episode, exactly as before. Backends that run a batch's rollouts together meet (the bundled
@@ -53,44 +56,59 @@ class Match:
 @dataclasses.dataclass(eq=False)
 class _Episode(Generic[T]):
     task: asyncio.Future[T]
-    unclaimed: set[str]
+    unclaimed: dict[str, int]  # seat -> its traces nobody has claimed yet
     match: Match  # holds the client while claimable, so no later client can reuse its id in the key
+    taken: dict[str, int] = dataclasses.field(default_factory=dict)  # seat -> its traces claimed
     waiters: int = 0
+
+    def take(self, seat: str) -> int:
+        """Claim the next trace of ``seat``: its index among that seat's traces."""
+        index = self.taken.get(seat, 0)
+        self.taken[seat] = index + 1
+        left = self.unclaimed.pop(seat, 1) - 1
+        if left > 0:
+            self.unclaimed[seat] = left
+        return index
 
 
 class SharedEpisodes(Generic[T]):
-    """Episodes of one event loop, each shared by at most one rollout per trainable seat."""
+    """Episodes of one event loop, each trace of each trainable seat taken by at most one rollout."""
 
     def __init__(self) -> None:
         self._open: dict[str, list[_Episode[T]]] = {}
 
     async def play(
-        self, match: Match, seat: str, seats: list[str], start: Callable[[], Awaitable[T]]
-    ) -> tuple[T, bool]:
-        """The episode this rollout of ``seat`` takes its trace from, and whether another rollout played it."""
+        self, match: Match, seat: str, slots: dict[str, int], start: Callable[[], Awaitable[T]]
+    ) -> tuple[T, int, bool]:
+        """The episode this rollout of ``seat`` takes its trace from, the index of that trace among the
+        seat's traces, and whether another rollout played the episode. ``slots`` is how many traces each
+        trainable seat is expected to leave in one episode."""
         key = match.key
-        episode, shared = self._claim(key, seat), True
-        if episode is None:
-            episode, shared = _Episode(asyncio.ensure_future(start()), set(seats) - {seat}, match), False
+        claimed, shared = self._claim(key, seat), True
+        if claimed is None:
+            unclaimed = {name: count for name, count in slots.items() if count > 0}
+            episode = _Episode(asyncio.ensure_future(start()), unclaimed, match)
+            claimed, shared = (episode, episode.take(seat)), False
             if episode.unclaimed:
                 self._open.setdefault(key, []).append(episode)
                 episode.task.add_done_callback(lambda _: self._close_later(key, episode))
+        episode, index = claimed
         episode.waiters += 1
         try:
-            return await asyncio.shield(episode.task), shared
+            return await asyncio.shield(episode.task), index, shared
         finally:
             episode.waiters -= 1
             if episode.waiters == 0 and not episode.task.done():  # everyone who wanted it gave up
                 episode.task.cancel()
                 self._close(key, episode)
 
-    def _claim(self, key: str, seat: str) -> _Episode[T] | None:
+    def _claim(self, key: str, seat: str) -> tuple[_Episode[T], int] | None:
         for episode in self._open.get(key, []):
-            if seat in episode.unclaimed and not episode.task.cancelled():
-                episode.unclaimed.discard(seat)
+            if episode.unclaimed.get(seat, 0) > 0 and not episode.task.cancelled():
+                index = episode.take(seat)
                 if not episode.unclaimed:
                     self._close(key, episode)
-                return episode
+                return episode, index
         return None
 
     def _close_later(self, key: str, episode: _Episode[T]) -> None:

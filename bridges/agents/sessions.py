@@ -31,10 +31,10 @@ from bridges.envs.messages import to_message_dict, to_message_dicts
 
 MAX_CALLS = 64
 MAX_SAMPLED_TOKENS = 65_536
-REMEMBERED_CLOSED = 4096
+REMEMBERED_CLOSED = 4096  # closed ids kept so that a late call hears 410 rather than 404
 # call k of a seeded rollout samples with seed + k * SEED_STRIDE: one seed for every call would replay
 # the same random draws on each (a near-uniform policy then repeats its first reply word for word)
-SEED_STRIDE = 1_000_003  # closed ids kept so that a late call hears 410 rather than 404
+SEED_STRIDE = 1_000_003
 
 
 class SessionRefusal(Exception):

@@ -163,7 +163,7 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
 
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3}
     async with SessionEndpoint() as endpoint, httpx.AsyncClient() as http:
-        base_url = endpoint.url_for(_client(tiny_path, "tiny"))
+        base_url = endpoint.url_for(_client(tiny_path, "tiny"), "0")
         url = f"{base_url}/chat/completions"
         auth = {"Authorization": f"Bearer {endpoint.secret}"}
         assert base_url.startswith("http://127.0.0.1:")

@@ -194,3 +194,46 @@ async def test_a_tool_that_raises_answers_the_model_with_its_error_and_the_rollo
     tool_messages = [m for m in state.completion if m["role"] == "tool"]
     assert len(tool_messages) == 1 and "at most 64 letters" in str(tool_messages[0]["content"])
     assert state.completion[-1]["content"] == "the tool refused" and state.reward == 0.0 and len(state.turns) == 2
+
+
+class _SeedsEngine(ScriptedEngine):
+    """Records each call's seed, with the sampled ids' call index."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.seeds: list[int | None] = []
+
+    async def generate(self, prompt_ids: list[int], params: Any, n: int = 1) -> Any:
+        self.seeds.append(params.seed)
+        return await super().generate(prompt_ids, params, n)
+
+
+async def test_best_of_n_trains_each_attempt_once_and_no_two_attempts_share_a_seed(qwen_tokenizer: Any):
+    """verifiers' own ``best-of-n`` env over the bundled taskset: one seat, three attempts an episode.
+    After the first batch has shown three traces an episode, a seeded group of six plays two episodes
+    and trains on all six traces, each once; every attempt samples with a seed of its own (verifiers
+    sends one sampling config for the whole episode; at one identical prompt, one seed would sample
+    three identical attempts)."""
+    from bridges.client import EngineClient
+
+    engine = _SeedsEngine(qwen_tokenizer)
+    client = EngineClient(engine, model_name="scripted")
+    env = load_environment("repeat_letter_taskset", id="best-of-n", n=3, taskset={"num_tasks": 1})
+    assert type(env.vf_env).__name__ == "BestOfNEnv" and env.trainable_seats == ["agent"]
+    row = dict(env.get_dataset()[0])
+    first = (await run_group(env, row, client, 6, {**SAMPLING, "seed": 10}, model="scripted")).states
+    assert len(engine.seeds) == 18 and env.traces_per_seat == {"agent": 3}  # six own episodes, learnt
+    engine.seeds.clear()
+    second = (await run_group(env, row, client, 6, {**SAMPLING, "seed": 40}, model="scripted")).states
+    assert len(engine.seeds) == 6 and len(set(engine.seeds)) == 6  # two episodes, six distinct seeds
+    for states in (first, second):
+        assert all(s.stop_reason == "completed" and s.metrics["v1/seat_traces"] == 3.0 for s in states)
+        assert len({s.extras["v1_trace_id"] for s in states}) == 6  # no trace trains twice
+        assert all(s.metrics["best"] in (0.0, 1.0) and s.reward is not None for s in states)
+    assert sorted(s.metrics["v1/shared_episode"] for s in second) == [0.0] * 2 + [1.0] * 4
+    for state in second:
+        stats = SampleStats()
+        (sample,) = state_to_samples(state, advantage=1.0, stats=stats)
+        assert stats.breaks == 0 and [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m] == [
+            i for turn in state.turns for i in turn.completion_ids
+        ]
