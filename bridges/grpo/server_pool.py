@@ -1,7 +1,8 @@
 """The inference servers a trainer samples from and pushes weights to (``trainer.inference=server``).
 
 Each server is a ``bridges.serve`` the trainer reaches over HTTP: rollouts call its OpenAI routes, the
-main training process pushes every step's weights to ``POST /v1/weights`` (``weight_push.py``).
+main training process pushes every step's weights (``weight_push.py``) through a channel
+(``push_channels.py``: HTTP bodies, or broadcasts over NCCL/gloo).
 
 Invariant: a server is *in* (rollouts may use it) only while it holds the trainer's current weight
 version; it is *out* from the moment a call or a push to it fails. Why: ``num_batches_ahead`` bounds
@@ -24,12 +25,12 @@ import httpx2
 import openai
 import torch
 
-from bridges.grpo.weight_push import full_payload, payload_bytes
-from bridges.models.weight_payload import encode
+from bridges.grpo.push_channels import HttpChannel, PushRefused
+from bridges.grpo.weight_push import full_payload, payloads
+from bridges.models.weight_payload import Payload
 from bridges.runtime.errors import ConfigError
 
 PROBE_TIMEOUT_S = 5.0
-PUSH_TIMEOUT_S = 600.0
 API_KEY_VARIABLE, WEIGHTS_KEY_VARIABLE = "BRIDGES_SERVER_API_KEY", "BRIDGES_SERVER_WEIGHTS_KEY"
 
 
@@ -42,6 +43,7 @@ class Server:
     up: bool = False
     was_in: bool = False  # so that coming back is said, and the first admission is not
     reason: str = "not checked yet"  # why it is out
+    channels: list[str] = field(default_factory=list)  # how it takes weights, from /health
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,9 @@ class ServerPool:
     weights_key: str | None = None
     scalings: dict[str, float] = field(default_factory=dict)  # LoRA layers; empty for full fine-tuning
     version: int = 0  # the trainer's current weight version
+    channel: Any = None  # push_channels: how pushes travel (HTTP until open_channel chooses)
     _base: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA: the frozen base, on the CPU
-    _latest: list[bytes] = field(default_factory=list)  # the current version's push, as sent
+    _latest: list[Payload] = field(default_factory=list)  # the current version's push, as sent
 
     @classmethod
     def connect(
@@ -109,6 +112,7 @@ class ServerPool:
         if health.get("tokenizer") != self.identity.tokenizer:
             return "its tokenizer differs from the trainer's, so token ids would not mean the same; start it with the trainer's model."
         server.model, server.version = str(health.get("model", "")), int(health.get("weight_version", -1))
+        server.channels = [str(c) for c in health.get("weight_channels", ["http"])]
         return None
 
     def mark_out(self, server: Server, reason: str) -> None:
@@ -145,7 +149,7 @@ class ServerPool:
             self._base = {
                 k: v.detach().to("cpu", copy=True) for k, v in full_payload(state, version).tensors.items()
             }
-        parts = await asyncio.to_thread(payload_bytes, state, self.scalings, version, whole)
+        parts = payloads(state, self.scalings, version, whole)
         self._latest = parts[-1:] if self.scalings else parts
         await asyncio.gather(*(self._send(s, parts) for s in self.servers if s.up or whole))
         refused = [s for s in self.servers if not s.up]
@@ -167,32 +171,20 @@ class ServerPool:
     async def _caught_up(self, server: Server) -> bool:
         return await self.probe(server) is None and server.version >= self.version
 
-    def _whole_parts(self) -> list[bytes]:
+    def _whole_parts(self) -> list[Payload]:
         """What brings a fresh server to the current version: the latest push, after the base for LoRA."""
         if not self.scalings:
             return list(self._latest)
-        return [encode(full_payload(self._base, self.version)), *self._latest]
+        return [full_payload(self._base, self.version), *self._latest]
 
-    async def _send(self, server: Server, parts: list[bytes]) -> None:
-        headers = {"Authorization": f"Bearer {self.weights_key}"} if self.weights_key else {}
+    async def _send(self, server: Server, parts: list[Payload]) -> None:
+        if self.channel is None:
+            headers = {"Authorization": f"Bearer {self.weights_key}"} if self.weights_key else {}
+            self.channel = HttpChannel(headers)
         try:
-            async with httpx2.AsyncClient(timeout=PUSH_TIMEOUT_S) as http:
-                for part in parts:
-                    reply = await http.post(f"{server.url}/v1/weights", content=part, headers=headers)
-                    if reply.status_code != 200:
-                        raise PushRefused(_message(reply))
+            await self.channel.send(server.url, parts)
             server.version = self.version
             self._admit(server)
         except (httpx2.HTTPError, PushRefused) as exc:
             self.mark_out(server, f"the weight push failed ({' '.join(str(exc).split())[:200]})")
 
-
-class PushRefused(Exception):
-    pass
-
-
-def _message(reply: Any) -> str:
-    try:
-        return f"{reply.status_code}: {reply.json()['error']['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"{reply.status_code}: {reply.text[:200]}"

@@ -123,6 +123,8 @@ class ServerRollouts:
     async def aclose(self) -> None:
         for server in self.pool.servers:
             await server.client.close()
+        if self.pool.channel is not None:
+            self.pool.channel.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -145,6 +147,7 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
 
     from bridges.grpo.local_servers import LocalServers, server_devices
     from bridges.grpo.parallel import barrier, full_state_dict, share
+    from bridges.grpo.push_channels import open_channel
     from bridges.grpo.server_pool import Identity
     from bridges.grpo.weight_push import lora_scalings
     from bridges.models.tiny import resolve_model_path
@@ -167,6 +170,11 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
         pool = ServerPool.connect(urls, identity, world.is_main, t.server_timeout, **keys)
         pool.scalings = lora_scalings(policy)
         await pool.check_all()
+        if world.is_main:  # [distributed] only the main process pushes
+            on_cuda = next(policy.parameters()).device.type == "cuda"
+            offered = [server.channels for server in pool.servers]
+            pool.channel = open_channel(t.weight_channel, offered, on_cuda, pool.weights_key)
+            print(f"weights reach the {len(urls)} inference servers over {pool.channel.name}", flush=True)
     except BaseException:
         if local is not None:
             local.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from bridges.models.weight_payload import Payload, encode
+from bridges.models.weight_payload import Payload
 from bridges.runtime.errors import require_extra
 
 _PEFT_PREFIX = "base_model.model."
@@ -54,12 +54,10 @@ def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], ver
     return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers})
 
 
-def payload_bytes(
-    state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool
-) -> list[bytes]:
+def payloads(state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool) -> list[Payload]:
     """What one server is sent for ``version``: a LoRA policy's factors (after the whole base model when
     ``whole``: the server's first push), or the full tensors."""
     if not scalings:
-        return [encode(full_payload(state, version))]
-    parts = [encode(lora_payload(state, scalings, version))]
-    return [encode(full_payload(state, version)), *parts] if whole else parts
+        return [full_payload(state, version)]
+    parts = [lora_payload(state, scalings, version)]
+    return [full_payload(state, version), *parts] if whole else parts

@@ -83,6 +83,11 @@ class TrainerConfig:
         factory=list, help="devices of the started servers, one per server (default: cpu each)"
     )
     server_timeout: float = option(600.0, gt=0.0, help="seconds a server may take to answer one model call")
+    weight_channel: str = option(
+        "auto", choices=("auto", "http", "gloo", "nccl"), help="how pushes reach the servers: http bodies, or "
+        "broadcasts over a process group per server (nccl GPU to GPU, gloo on the CPU); auto: nccl where the "
+        "trainer is on CUDA and every server offers it, else http",
+    )  # fmt: skip
     # hardware: bridges.models.hardware resolves device and dtype; several processes split each step's groups
     device: str = option("auto", help=DEVICE_HELP)
     dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)

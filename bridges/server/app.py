@@ -216,7 +216,8 @@ class _Endpoints:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.client.model_name,
-                             "weight_version": int(self.client.engine.weight_version), **self.identity})  # fmt: skip
+                             "weight_version": int(self.client.engine.weight_version), **self.identity,
+                             "weight_channels": WeightEndpoints.channels()})  # fmt: skip
 
     async def openapi(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

@@ -86,8 +86,9 @@ def test_two_processes_on_two_servers_sample_exactly_what_they_train(tmp_path: P
 def test_a_server_killed_mid_run_is_taken_out_and_readmitted_when_it_returns(tmp_path: Path):
     servers = [ServeProcess(tmp_path / f"s{i}.log").wait() for i in range(2)]
     urls = ",".join(s.url for s in servers)
+    # the pushes go over gloo pairs: the killed server's pair breaks, the fresh process joins a new one
     job = train(tmp_path, "trainer.inference=server", f"trainer.server_urls=[{urls}]", "trainer.max_steps=60",
-                "trainer.batch_size=4", "trainer.group_size=4", "save_every=0")  # fmt: skip
+                "trainer.batch_size=4", "trainer.group_size=4", "save_every=0", "trainer.weight_channel=gloo")  # fmt: skip
     try:
         metrics = tmp_path / RUN / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -107,7 +108,8 @@ def test_a_server_killed_mid_run_is_taken_out_and_readmitted_when_it_returns(tmp
             server.kill()
     assert job.returncode == 0, err[-3000:]
     assert (
-        f"inference server {servers[1].url} is out" in out
+        "weights reach the 2 inference servers over gloo" in out
+        and f"inference server {servers[1].url} is out" in out
         and f"inference server {servers[1].url} is back in" in out
     )
     traces = lines(tmp_path / RUN / "traces.jsonl")

@@ -1,8 +1,9 @@
 """Weights pushed into a running ``bridges.serve`` (issue 27, item 1), with the real openai SDK and real
 HTTP: after a push the server's logprobs are the trainer's (fp32, 1e-5), for full weights and for a
-LoRA adapter sent as factors; every response carries the version it was sampled under and none mixes
-two; a push without the key, off the format, naming what the model lacks, or older than what the
-server holds is refused in one sentence and changes nothing."""
+LoRA adapter sent as factors, in HTTP bodies or broadcast over a gloo pair (the code NCCL runs on
+GPUs); every response carries the version it was sampled under and none mixes two; a push without the
+key, off the format, naming what the model lacks, or older than what the server holds is refused in
+one sentence and changes nothing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import openai
 import pytest
 import torch
 
-from bridges.grpo.weight_push import lora_scalings, payload_bytes
+from bridges.grpo.push_channels import CollectiveChannel, HttpChannel, PushRefused
+from bridges.grpo.weight_push import lora_scalings, payloads
 from bridges.models.weight_payload import Payload, encode
 from bridges.server.app import WeightUpdates, serve_in_thread
 
@@ -43,6 +45,15 @@ def served(tiny_path: Path, tiny_tokenizer: Any) -> Iterator[tuple[Any, Any]]:
     ) as server:
         yield server, engine
     engine.close()
+
+
+def payload_bytes(state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool) -> list[bytes]:
+    return [encode(p) for p in payloads(state, scalings, version, whole)]
+
+
+def channel(name: str) -> Any:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    return HttpChannel(headers) if name == "http" else CollectiveChannel(name, headers)
 
 
 def push(server: Any, body: bytes, key: str | None = KEY) -> httpx.Response:
@@ -81,20 +92,28 @@ def perturbed(model: Any, seed: int) -> Any:
     return model
 
 
-async def test_a_full_push_makes_the_servers_logprobs_the_trainers(served: Any, tiny_path: Path):
+@pytest.mark.parametrize("via", ["http", "gloo"])
+async def test_a_full_push_makes_the_servers_logprobs_the_trainers(served: Any, tiny_path: Path, via: str):
     server, engine = served
     policy = perturbed(fresh(tiny_path), seed=1)
     before = await sample(server)
     assert before.weight_version == 0 and agrees(before, policy) > 1e-3  # the server still has the checkpoint
-    reply = push(server, payload_bytes(dict(policy.state_dict()), {}, version=7, whole=True)[0])
-    assert reply.status_code == 200 and reply.json()["weight_version"] == 7
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["weight_channels"] == ["http", "gloo"]  # nccl only where CUDA is
+    sender = channel(via)
+    await sender.send(server.url, payloads(dict(policy.state_dict()), {}, version=7, whole=True))
     after = await sample(server)
     assert after.weight_version == 7 and agrees(after, policy) < 1e-5
-    health = httpx.get(f"{server.url}/health").json()
-    assert health["weight_version"] == 7
+    assert httpx.get(f"{server.url}/health").json()["weight_version"] == 7
+    with pytest.raises(PushRefused, match="409: this server holds weight version 7"):  # refused, not broadcast
+        await sender.send(server.url, payloads(dict(fresh(tiny_path).state_dict()), {}, version=6, whole=True))
+    await sender.send(server.url, payloads(dict(policy.state_dict()), {}, version=8, whole=True))
+    assert engine.weight_version == 8 and agrees(await sample(server), policy) < 1e-5
+    sender.close()
 
 
-async def test_a_lora_adapter_travels_as_factors_and_replaces_the_last_one(served: Any, tiny_path: Path):
+@pytest.mark.parametrize("via", ["http", "gloo"])
+async def test_a_lora_adapter_travels_as_factors_and_replaces_the_last_one(served: Any, tiny_path: Path, via: str):
     from peft import LoraConfig, get_peft_model
 
     server, _ = served
@@ -102,6 +121,7 @@ async def test_a_lora_adapter_travels_as_factors_and_replaces_the_last_one(serve
     policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).eval()
     scalings = lora_scalings(policy)
     assert len(scalings) == 4 and set(scalings.values()) == {2.0}  # 2 layers x (q, v); alpha / r
+    sender = channel(via)
     for version, seed in ((1, 3), (2, 4)):
         with torch.no_grad():  # a trained adapter: B is no longer zero
             for name, param in policy.named_parameters():
@@ -111,8 +131,7 @@ async def test_a_lora_adapter_travels_as_factors_and_replaces_the_last_one(serve
         parts = payload_bytes(state, scalings, version, whole=version == 1)
         assert len(parts) == (2 if version == 1 else 1)  # the whole base goes only with the first push
         lora_size = len(parts[-1])
-        for part in parts:
-            assert push(server, part).status_code == 200
+        await sender.send(server.url, payloads(state, scalings, version, whole=version == 1))
         response = await sample(server)
         assert response.weight_version == version and agrees(response, policy) < 1e-5
     assert lora_size < len(parts[0]) or len(parts) == 1
@@ -214,3 +233,45 @@ def test_a_push_past_max_weights_bytes_is_413_and_reads_no_further(tiny_path: Pa
     engine.close()
     assert reply.status_code == 413 and "larger than 4096 bytes (max_weights_bytes)" in reply.json()["error"]["message"]
     assert engine.weight_version == 0
+
+
+def test_channel_refusals_are_one_sentence_and_nothing_is_broadcast(served: Any, tiny_path: Path):
+    """The channel's own routes: a join or a manifest that cannot work is one sentence (nothing is
+    broadcast, the weights stay); a store nobody answers on fails the next push with 503, not a hang."""
+    import socket
+
+    from bridges.grpo.push_channels import open_channel
+    from bridges.models.weight_channel import Manifest
+    from bridges.runtime.errors import ConfigError
+
+    server, engine = served
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def post(path: str, body: Any, headers: dict[str, str] = auth) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/weights{path}", json=body, headers=headers, timeout=60)
+
+    manifest = Manifest.of(Payload("full", 1, dict(fresh(tiny_path).state_dict())), push=0).to_json()
+    join = {"host": "127.0.0.1", "port": 9, "prefix": "p/", "backend": "gloo", "timeout_s": 1.0}
+    cases = [
+        (post("", manifest), 400, "no weight channel is open"),
+        (post("/channel", join, headers={}), 401, "missing or wrong weights key"),
+        (post("/channel", {"host": "x"}), 400, "a channel join's body must be"),
+        (post("/channel", {**join, "backend": "nccl"}), 400, "cannot open an nccl weight channel"),
+        (post("/channel", {**join, "backend": "mpi"}), 400, "must be one of ('gloo', 'nccl')"),
+        (post("", {"channel": {"push": 1}, "kind": "full"}), 400, "must be a manifest"),
+        (post("", {**manifest, "tensors": [["x", "complex64", [2]]]}), 400, "with dtypes among"),
+    ]
+    for reply, status, words in cases:
+        assert reply.status_code == status and words in reply.json()["error"]["message"], reply.text
+    with socket.socket() as closed:  # a port nothing listens on: the server's join fails in the background
+        closed.bind(("127.0.0.1", 0))
+        join["port"] = closed.getsockname()[1]
+    assert post("/channel", join).status_code == 200
+    broken = post("", manifest)
+    assert broken.status_code == 503 and "the weight channel failed" in broken.json()["error"]["message"]
+    assert engine.weight_version == 0
+    with pytest.raises(ConfigError, match="needs the trainer on CUDA"):
+        open_channel("nccl", [["http", "gloo", "nccl"]], on_cuda=False, weights_key=KEY)
+    with pytest.raises(ConfigError, match="not every inference server offers it"):
+        open_channel("nccl", [["http", "gloo", "nccl"], ["http", "gloo"]], on_cuda=True, weights_key=KEY)
+    assert open_channel("auto", [["http", "gloo"]], on_cuda=True, weights_key=KEY).name == "http"
