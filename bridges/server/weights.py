@@ -91,7 +91,7 @@ class WeightEndpoints:
         if refused is not None:
             return refused
         try:
-            body = json.loads(await self.read_body(request, 64 * 1024, "max_weights_bytes"))
+            body = json.loads(await self.read_body(request, 64 * 1024, "a channel join's limit"))
             where = (str(body["host"]), int(body["port"]), str(body["prefix"]))
             backend, timeout_s = str(body["backend"]), float(body.get("timeout_s", 600.0))
             check_backend(backend)
