@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
+import torch
 
 from bridges.models.weight_channel import Manifest, Pair
 from bridges.models.weight_payload import Payload, encode
@@ -68,10 +69,10 @@ class CollectiveChannel:
     """A pair per server, opened on its first push and dropped when a push to it fails (a server that
     comes back joins a new pair under a new prefix of the one store)."""
 
-    def __init__(self, backend: str, headers: dict[str, str]) -> None:
+    def __init__(self, backend: str, headers: dict[str, str], device: Any = None) -> None:
         import torch.distributed as dist
 
-        self.name, self.headers = backend, headers
+        self.name, self.headers, self.device = backend, headers, device  # device: the policy's (nccl)
         timeout = datetime.timedelta(seconds=PAIR_TIMEOUT_S)
         self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timeout)
         self.pairs: dict[str, Pair] = {}
@@ -95,7 +96,7 @@ class CollectiveChannel:
         body = {"host": _address_towards(url), "port": self.store.port, "prefix": prefix,
                 "backend": self.name, "timeout_s": PAIR_TIMEOUT_S}  # fmt: skip
         _check(await http.post(f"{url}/v1/weights/channel", json=body, headers=self.headers))
-        pair = await asyncio.to_thread(Pair, self.store, prefix, 0, self.name, PAIR_TIMEOUT_S)
+        pair = await asyncio.to_thread(Pair, self.store, prefix, 0, self.name, PAIR_TIMEOUT_S, self.device)
         self.pairs[url] = pair
         return pair
 
@@ -119,8 +120,10 @@ class CollectiveChannel:
         self.pairs.clear()
 
 
-def open_channel(choice: str, offered: list[list[str]], on_cuda: bool, weights_key: str | None) -> Any:
-    """The channel ``trainer.weight_channel`` names, given what each server offers, or one sentence."""
+def open_channel(choice: str, offered: list[list[str]], device: Any, weights_key: str | None) -> Any:
+    """The channel ``trainer.weight_channel`` names, given what each server offers and the policy's
+    ``device``, or one sentence."""
+    on_cuda = torch.device(device).type == "cuda"
     headers = {"Authorization": f"Bearer {weights_key}"} if weights_key else {}
     everywhere = set.intersection(*(set(channels) for channels in offered)) if offered else set()
     name = ("nccl" if on_cuda and "nccl" in everywhere else "http") if choice == "auto" else choice
@@ -131,7 +134,7 @@ def open_channel(choice: str, offered: list[list[str]], on_cuda: bool, weights_k
         )
     if name == "nccl" and not on_cuda:
         raise ConfigError("trainer.weight_channel=nccl needs the trainer on CUDA (trainer.device).")
-    return HttpChannel(headers) if name == "http" else CollectiveChannel(name, headers)
+    return HttpChannel(headers) if name == "http" else CollectiveChannel(name, headers, torch.device(device))
 
 
 def _address_towards(url: str) -> str:

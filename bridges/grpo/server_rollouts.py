@@ -171,9 +171,8 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
         pool.scalings = lora_scalings(policy)
         await pool.check_all()
         if world.is_main:  # [distributed] only the main process pushes
-            on_cuda = next(policy.parameters()).device.type == "cuda"
             offered = [server.channels for server in pool.servers]
-            pool.channel = open_channel(t.weight_channel, offered, on_cuda, pool.weights_key)
+            pool.channel = open_channel(t.weight_channel, offered, next(policy.parameters()).device, pool.weights_key)
             print(f"weights reach the {len(urls)} inference servers over {pool.channel.name}", flush=True)
     except BaseException:
         if local is not None:

@@ -18,6 +18,7 @@ receiving, so a trainer never broadcasts into a server that answered no.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 from dataclasses import dataclass
@@ -86,12 +87,16 @@ def check_backend(backend: str) -> None:
 class Pair:
     """One side of a trainer–server process group of two. ``rank`` 0 is the trainer, which sends."""
 
-    def __init__(self, store: Any, prefix: str, rank: int, backend: str, timeout_s: float) -> None:
+    def __init__(
+        self, store: Any, prefix: str, rank: int, backend: str, timeout_s: float, device: torch.device | None = None
+    ) -> None:
+        """``device``: where this side's tensors are for nccl (the server's model, the trainer's policy; two
+        processes on one GPU cannot pair over NCCL), the current CUDA device if not given; gloo: the CPU."""
         import torch.distributed as dist
 
         check_backend(backend)
         self.store, self.rank, self.backend = dist.PrefixStore(prefix, store), rank, backend
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = _cuda_device(device) if backend == "nccl" else torch.device("cpu")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.group: Any
         if backend == "nccl":
@@ -102,12 +107,14 @@ class Pair:
             self.group = dist.ProcessGroupGloo(self.store, rank, 2, timeout)
 
     @classmethod
-    def join(cls, host: str, port: int, prefix: str, backend: str, timeout_s: float) -> Pair:
+    def join(
+        cls, host: str, port: int, prefix: str, backend: str, timeout_s: float, device: torch.device | None = None
+    ) -> Pair:
         """The server's side: connect to the trainer's store and complete the group."""
         import torch.distributed as dist
 
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, prefix, 1, backend, timeout_s)
+        return cls(store, prefix, 1, backend, timeout_s, device)
 
     def mark_ready(self, push: int) -> None:
         self.store.set(f"ready/{push}", "1")
@@ -138,7 +145,15 @@ class Pair:
 
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
-        self.group.broadcast([flat], options).wait()
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            self.group.broadcast([flat], options).wait()
+
+
+def _cuda_device(device: torch.device | None) -> torch.device:
+    """``device`` with its index, or the current CUDA device where none (or a non-CUDA one) is given."""
+    if device is None or device.type != "cuda" or device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _buckets(shapes: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[list[int]]:

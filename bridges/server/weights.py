@@ -48,6 +48,7 @@ class WeightEndpoints:
         self.engine, self.read_body, self.max_bytes = engine, read_body, max_bytes
         self.expected = f"Bearer {key}".encode() if key else None
         self.merger = LoraMerger(model.state_dict(), tied_names(model)) if model is not None else None
+        self.device = next(model.parameters()).device if model is not None else None  # nccl buffers go here
         self.lock = asyncio.Lock()
         self.joining: asyncio.Future[Pair] | None = None  # the trainer's weight channel, once asked to join
 
@@ -101,7 +102,7 @@ class WeightEndpoints:
             return _error(400, "a channel join's body must be {host, port, prefix, backend, timeout_s}.",
                           "invalid_channel")  # fmt: skip
         async with self.lock:
-            self.joining = asyncio.ensure_future(asyncio.to_thread(Pair.join, *where, backend, timeout_s))
+            self.joining = asyncio.ensure_future(asyncio.to_thread(Pair.join, *where, backend, timeout_s, self.device))
         return JSONResponse({"channel": backend})
 
     async def _channel_push(self, raw: bytes) -> Any:

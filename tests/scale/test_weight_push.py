@@ -271,7 +271,8 @@ def test_channel_refusals_are_one_sentence_and_nothing_is_broadcast(served: Any,
     assert broken.status_code == 503 and "the weight channel failed" in broken.json()["error"]["message"]
     assert engine.weight_version == 0
     with pytest.raises(ConfigError, match="needs the trainer on CUDA"):
-        open_channel("nccl", [["http", "gloo", "nccl"]], on_cuda=False, weights_key=KEY)
+        open_channel("nccl", [["http", "gloo", "nccl"]], "cpu", weights_key=KEY)
     with pytest.raises(ConfigError, match="not every inference server offers it"):
-        open_channel("nccl", [["http", "gloo", "nccl"], ["http", "gloo"]], on_cuda=True, weights_key=KEY)
-    assert open_channel("auto", [["http", "gloo"]], on_cuda=True, weights_key=KEY).name == "http"
+        open_channel("nccl", [["http", "gloo", "nccl"], ["http", "gloo"]], "cuda:1", weights_key=KEY)
+    assert open_channel("auto", [["http", "gloo"]], "cuda:1", weights_key=KEY).name == "http"
+    assert open_channel("auto", [["http", "gloo"]], "cpu", weights_key=KEY).name == "http"
