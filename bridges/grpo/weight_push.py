@@ -37,8 +37,17 @@ def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
 
 
 def full_payload(state: dict[str, torch.Tensor], version: int) -> Payload:
-    """Whole tensors under their base names (a LoRA policy's factors left out)."""
-    tensors = {base_name(k): v for k, v in state.items() if ".lora_" not in k}
+    """Whole tensors under their base names (a LoRA policy's factors left out). A tensor that shares
+    its storage with one already named (a tied ``lm_head``) is left out too: the server's copy is tied
+    the same way and follows, and sending it again would add the vocabulary matrix to every push."""
+    tensors, seen = {}, set()
+    for name, value in state.items():
+        if ".lora_" in name:
+            continue
+        storage = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), value.shape)
+        if storage not in seen:
+            seen.add(storage)
+            tensors[base_name(name)] = value
     return Payload("full", version, tensors)
 
 

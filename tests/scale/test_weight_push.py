@@ -101,7 +101,9 @@ async def test_a_full_push_makes_the_servers_logprobs_the_trainers(served: Any, 
     health = httpx.get(f"{server.url}/health").json()
     assert health["weight_channels"] == ["http", "gloo"]  # nccl only where CUDA is
     sender = channel(via)
-    await sender.send(server.url, payloads(dict(policy.state_dict()), {}, version=7, whole=True))
+    (whole,) = payloads(dict(policy.state_dict()), {}, version=7, whole=True)
+    assert "lm_head.weight" not in whole.tensors  # tied to the embedding: the server's copy follows it
+    await sender.send(server.url, [whole])
     after = await sample(server)
     assert after.weight_version == 7 and agrees(after, policy) < 1e-5
     assert httpx.get(f"{server.url}/health").json()["weight_version"] == 7
