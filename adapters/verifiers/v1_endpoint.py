@@ -111,7 +111,6 @@ class SessionEndpoint:
         status, payload = await answer_chat(session, body)
         return web.json_response(payload, status=status)
 
-
     def _session_seed(self, episode: str, seed: Any) -> dict[str, Any]:
         """The seed a new session of ``episode`` samples with: the episode's, moved past its earlier
         sessions' (none where the call carries none)."""

@@ -56,18 +56,21 @@ class Match:
 @dataclasses.dataclass(eq=False)
 class _Episode(Generic[T]):
     task: asyncio.Future[T]
-    unclaimed: dict[str, int]  # seat -> its traces nobody has claimed yet
+    offered: dict[str, int]  # seat -> how many of its traces rollouts may take (``slots`` at the start)
     match: Match  # holds the client while claimable, so no later client can reuse its id in the key
-    taken: dict[str, int] = dataclasses.field(default_factory=dict)  # seat -> its traces claimed
+    taken: dict[str, int] = dataclasses.field(default_factory=dict)  # seat -> its traces taken so far
     waiters: int = 0
+
+    def open_to(self, seat: str) -> bool:
+        return self.taken.get(seat, 0) < self.offered.get(seat, 0)
+
+    def fully_taken(self) -> bool:
+        return all(self.taken.get(seat, 0) >= count for seat, count in self.offered.items())
 
     def take(self, seat: str) -> int:
         """Claim the next trace of ``seat``: its index among that seat's traces."""
         index = self.taken.get(seat, 0)
         self.taken[seat] = index + 1
-        left = self.unclaimed.pop(seat, 1) - 1
-        if left > 0:
-            self.unclaimed[seat] = left
         return index
 
 
@@ -84,15 +87,11 @@ class SharedEpisodes(Generic[T]):
         seat's traces, and whether another rollout played the episode. ``slots`` is how many traces each
         trainable seat is expected to leave in one episode."""
         key = match.key
-        claimed, shared = self._claim(key, seat), True
-        if claimed is None:
-            unclaimed = {name: count for name, count in slots.items() if count > 0}
-            episode = _Episode(asyncio.ensure_future(start()), unclaimed, match)
-            claimed, shared = (episode, episode.take(seat)), False
-            if episode.unclaimed:
-                self._open.setdefault(key, []).append(episode)
-                episode.task.add_done_callback(lambda _: self._close_later(key, episode))
-        episode, index = claimed
+        claimed = self._claim(key, seat)
+        if claimed is not None:
+            (episode, index), shared = claimed, True
+        else:
+            (episode, index), shared = self._start(key, match, seat, slots, start), False
         episode.waiters += 1
         try:
             return await asyncio.shield(episode.task), index, shared
@@ -102,11 +101,22 @@ class SharedEpisodes(Generic[T]):
                 episode.task.cancel()
                 self._close(key, episode)
 
+    def _start(
+        self, key: str, match: Match, seat: str, slots: dict[str, int], start: Callable[[], Awaitable[T]]
+    ) -> tuple[_Episode[T], int]:
+        """A new episode, its first trace of ``seat`` taken; offered to others only if it has more."""
+        episode = _Episode(asyncio.ensure_future(start()), dict(slots), match)
+        index = episode.take(seat)
+        if not episode.fully_taken():
+            self._open.setdefault(key, []).append(episode)
+            episode.task.add_done_callback(lambda _: self._close_later(key, episode))
+        return episode, index
+
     def _claim(self, key: str, seat: str) -> tuple[_Episode[T], int] | None:
         for episode in self._open.get(key, []):
-            if episode.unclaimed.get(seat, 0) > 0 and not episode.task.cancelled():
+            if episode.open_to(seat) and not episode.task.cancelled():
                 index = episode.take(seat)
-                if not episode.unclaimed:
+                if episode.fully_taken():
                     self._close(key, episode)
                 return episode, index
         return None

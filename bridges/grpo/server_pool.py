@@ -25,7 +25,7 @@ import httpx2
 import openai
 import torch
 
-from bridges.grpo.push_channels import HttpChannel, PushRefused
+from bridges.grpo.push_channels import PushRefused
 from bridges.grpo.weight_push import full_payload, payloads
 from bridges.models.weight_payload import Payload
 from bridges.runtime.errors import ConfigError
@@ -63,7 +63,7 @@ class ServerPool:
     weights_key: str | None = None
     scalings: dict[str, float] = field(default_factory=dict)  # LoRA layers; empty for full fine-tuning
     version: int = 0  # the trainer's current weight version
-    channel: Any = None  # push_channels: how pushes travel (HTTP until open_channel chooses)
+    channel: Any = None  # push_channels.open_channel's, on the main process: the only one that sends
     _base: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA: the frozen base, on the CPU
     _latest: list[Payload] = field(default_factory=list)  # the current version's push, as sent
 
@@ -178,9 +178,6 @@ class ServerPool:
         return [full_payload(self._base, self.version), *self._latest]
 
     async def _send(self, server: Server, parts: list[Payload]) -> None:
-        if self.channel is None:
-            headers = {"Authorization": f"Bearer {self.weights_key}"} if self.weights_key else {}
-            self.channel = HttpChannel(headers)
         try:
             await self.channel.send(server.url, parts)
             server.version = self.version
