@@ -6,7 +6,8 @@ A random-init model with Qwen2.5-0.5B's architecture (151,936-token vocabulary; 
 decoder layers on a CPU) is trained through the trainer's own ``build_step_context`` and
 ``train_step``, with gradient checkpointing, for full fine-tuning and LoRA at fp32 and bf16. The second
 step is measured (the first creates AdamW's state). Peak memory is the allocator's on CUDA and, on a
-CPU, the bytes of live tensor storages counted as every op creates them (``LiveTensorBytes``).
+CPU, the bytes of live tensor storages counted as every op creates them
+(``bridges.models.tensor_memory``).
 
 The floor of a step at a precision and batch is what that scheme cannot avoid holding at once:
 weights, gradients, fp32 master weights where the weights are half, AdamW's two fp32 moments, the
@@ -22,47 +23,14 @@ import argparse
 import random
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from bridges.models.tensor_memory import peak_bytes
 
 MB = 1024 * 1024
-
-
-class LiveTensorBytes(TorchDispatchMode):
-    """Bytes held by live tensor storages, and their peak, counted as ops create them (``track`` adds
-    tensors that existed before). A storage is counted once and uncounted when it is freed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._live: dict[int, Any] = {}
-        self.current = self.peak = 0
-
-    def track(self, tensors: Any) -> None:
-        for tensor in tree_flatten(tensors)[0]:
-            if isinstance(tensor, torch.Tensor):
-                self._add(tensor.untyped_storage())
-
-    def _add(self, storage: Any) -> None:
-        key, size = id(storage), storage.nbytes()
-        if key in self._live or size == 0:
-            return
-        self._live[key] = weakref.ref(storage, lambda _, key=key, size=size: self._drop(key, size))
-        self.current += size
-        self.peak = max(self.peak, self.current)
-
-    def _drop(self, key: int, size: int) -> None:
-        if self._live.pop(key, None) is not None:
-            self.current -= size
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.track(out)
-        return out
 
 
 def batch(vocab: int, count: int, length: int, seed: int = 0) -> list[Any]:
@@ -96,7 +64,7 @@ def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -
     ctx, tokenizer = build_step_context(config, where, World())
     samples = batch(len(tokenizer), args.batch, args.seq)
     train_step(ctx, samples)  # AdamW's state exists from here on
-    peak = run_measured(lambda: train_step(ctx, samples), state_of(ctx), where.device)
+    peak = peak_bytes(lambda: train_step(ctx, samples), state_of(ctx), where.device)
     trained = sum(p.numel() for p in ctx.master.params)
     weights = sum(p.numel() * p.element_size() for p in ctx.policy.parameters())
     grads = sum(p.numel() * p.element_size() for p in ctx.policy.parameters() if p.requires_grad)
@@ -108,21 +76,6 @@ def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -
     logits_chunk = min(args.chunk, args.batch * args.seq // 2) * config_.vocab_size * 4
     floor = weights + grads + masters + 8 * trained + activations + logits_chunk
     return {"peak": peak, "floor": floor, "trained": trained}
-
-
-def run_measured(step: Any, existing: list[Any], device: torch.device) -> int:
-    """Peak bytes while ``step`` runs (tensors in ``existing`` are counted from the start)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
-    tracker = LiveTensorBytes()
-    tracker.track(existing)
-    with tracker:
-        step()
-    return tracker.peak
 
 
 def measure_logprobs(model: str, args: argparse.Namespace, chunked: bool) -> int:
@@ -154,7 +107,7 @@ def measure_logprobs(model: str, args: argparse.Namespace, chunked: bool) -> int
         weight.grad = None
 
     weight.grad = torch.zeros_like(weight)  # held either way: count it from the start, then let go
-    peak = run_measured(step, [hidden, weight, weight.grad, targets, wanted], device)
+    peak = peak_bytes(step, [hidden, weight, weight.grad, targets, wanted], device)
     return peak - 2 * weight.numel() * weight.element_size() - hidden.numel() * hidden.element_size()
 
 

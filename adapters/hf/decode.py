@@ -9,6 +9,12 @@ all rows; ``position_ids`` count only real tokens, so a padded row sees the same
 up to float noise, the same logits) as it would alone. Finished rows are dropped from the batch
 (and from the KV cache) once a quarter of it has finished, so a few long samples do not keep paying
 for many short ones.
+
+Everything runs under ``torch.inference_mode``: a model whose weights require grad (the trainer's
+policy, a LoRA adapter) would otherwise record a graph at every decode step, and each step's graph
+keeps the KV cache it attended over alive, so memory would grow with the square of the length.
+Here it grows linearly: weights + the batch's KV cache + one step's logits
+(``benchmarks/generation_memory.py``).
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ def _finished(tokenizer: Any, row: RowRequest, result: RowResult, token: int, wi
     return True
 
 
+@torch.inference_mode()
 def generate_batch(
     model: Any,
     tokenizer: Any,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.envs.types import MAX_TOP_LOGPROBS, Sample, SamplingParams
+from bridges.models.hardware import bound
 from bridges.runtime.errors import BridgesError, EngineError, PromptTooLongError
 
 
@@ -119,7 +120,8 @@ class HFEngine:
         where = placement(str(device), dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
         kw.setdefault("name", model)
-        return cls(load_causal_lm(path, where), tokenizer, device=where.device, **kw)
+        model = load_causal_lm(path, where).requires_grad_(False)  # a sampler: no gradient ever
+        return cls(model, tokenizer, device=where.device, **kw)
 
     # ----------------------------------------------------------------------------------------------
     # generation
@@ -201,7 +203,8 @@ class HFEngine:
             if not batch:
                 continue
             try:
-                results, version = await asyncio.to_thread(self._run_batch, [r.rows[i] for r, i in batch])
+                rows = [r.rows[i] for r, i in batch]
+                results, version = await asyncio.to_thread(bound(self.device, self._run_batch), rows)
             except asyncio.CancelledError:
                 _fail(batch, EngineError(f"engine '{self.name}' was shut down during generation."))
                 raise
@@ -295,7 +298,7 @@ class HFEngine:
 
         ``policy`` is accepted for signature parity with other engines and not needed here.
         """
-        return await asyncio.to_thread(self.update_weights, state_dict, version)
+        return await asyncio.to_thread(bound(self.device, self.update_weights), state_dict, version)
 
     def mark_weights_updated(self) -> int:
         """Record that the trainer changed this engine's model in place (the same module object).

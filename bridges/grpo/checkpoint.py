@@ -7,10 +7,11 @@ when resumed. It is written to a staging folder with a manifest (sizes, sha256) 
 renamed into place; resume verifies the manifest and falls back to the newest intact checkpoint,
 so a save cut by a crash or a full disk costs the steps since the one before, not the run.
 
-``model/`` is the usable model (in the dtype it computes in); resume reads ``trainable.safetensors``,
+``model/`` is the usable model (in the dtype its parameters are kept in: the half dtype, or fp32 under
+FSDP, whose sharded parameters are the masters); resume reads ``trainable.safetensors``,
 the exact fp32 value of every trained tensor by name (the masters of a half-precision run, whose
 ``model/`` weights have lost their low bits). With several processes everything is gathered whole
-and the main process alone writes, so a checkpoint is one folder whatever the number of processes and
+onto the main process's CPU (``parallel.checkpoint_state``: never whole on a GPU) and it alone writes, so a checkpoint is one folder whatever the number of processes and
 resumes under another number; the optimizer state is keyed by position (``ddp``: every process holds
 it all) or by tensor name (``fsdp``: gathered from its shards), and a resume under the other strategy
 is refused in one sentence.
@@ -30,13 +31,12 @@ from bridges.grpo.parallel import (
     ONE_PROCESS,
     World,
     barrier,
-    full_state_dict,
+    checkpoint_state,
     load_full_state,
     load_optimizer_state,
-    optimizer_state,
 )
 from bridges.grpo.policy import trainable_names
-from bridges.grpo.precision import MasterWeights
+from bridges.grpo.precision import DynamicLossScale, MasterWeights
 from bridges.runtime.errors import ConfigError
 from bridges.runtime.state_files import (
     flatten_optimizer,
@@ -66,15 +66,16 @@ def save_checkpoint(
     world: World = ONE_PROCESS,
     keep: int = 2,
     tokenizer: Any = None,
+    scaler: DynamicLossScale | None = None,
 ) -> Path | None:
     """Write a checkpoint atomically (staging folder, manifest last, then rename); ``model/`` loads with
     from_pretrained on its own (the tokenizer is saved beside the weights). Every process calls it (the
-    gathering is collective); the main one writes and returns the folder."""
-    full = full_state_dict(model)
-    trained = {**{n: full[n] for n in trainable_names(model)}, **master.named_state()}
-    optim_state = optimizer_state(model, optimizer, world)
+    gathering is collective); the main one receives everything on its CPU, writes, and returns the folder."""
+    gathered = checkpoint_state(model, optimizer, world)
     final = directory / f"{_PREFIX}{state.step:06d}"
-    if world.is_main:
+    if gathered is not None:
+        full, optim_state = gathered
+        trained = {**{n: full[n] for n in trainable_names(model)}, **master.named_state()}
         directory.mkdir(parents=True, exist_ok=True)
         staging = directory / f".tmp-{final.name}"
         shutil.rmtree(staging, ignore_errors=True)
@@ -87,7 +88,8 @@ def save_checkpoint(
         rng_tensors, rng_meta = rng_state()
         save_tensors(staging / TRAINER_TENSORS, {**optim_tensors, **rng_tensors})
         meta = {"optimizer": optim_meta, "scheduler": scheduler.state_dict(), "rng": rng_meta,
-                "optimizer_keys": "name" if world.sharded else "position"}  # fmt: skip
+                "optimizer_keys": "name" if world.sharded else "position",
+                "loss_scale": scaler.state_dict() if scaler is not None else {}}  # fmt: skip
         (staging / TRAINER_META).write_text(json.dumps(meta))
         (staging / "state.json").write_text(json.dumps(asdict(state)))
         write_manifest(staging)
@@ -131,7 +133,7 @@ def is_adapter_checkpoint(path: Path) -> bool:
 
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-    master: MasterWeights, world: World = ONE_PROCESS,
+    master: MasterWeights, world: World = ONE_PROCESS, scaler: DynamicLossScale | None = None,
 ) -> RunPosition:
     """Restore weights (and masters), optimizer, scheduler and RNG in place; return the trainer state."""
     meta = json.loads((path / TRAINER_META).read_text())
@@ -142,6 +144,8 @@ def load_checkpoint(
     tensors = load_tensors(path / TRAINER_TENSORS)
     load_optimizer_state(model, optimizer, unflatten_optimizer(tensors, meta["optimizer"]), world)
     scheduler.load_state_dict(meta["scheduler"])
+    if scaler is not None:
+        scaler.load_state_dict(meta.get("loss_scale", {}))
     set_rng_state(tensors, meta["rng"])
     return RunPosition(**json.loads((path / "state.json").read_text()))
 
@@ -183,7 +187,7 @@ def _trained_tensors(path: Path, model: torch.nn.Module) -> dict[str, torch.Tens
 
 def resume_latest_intact(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-    master: MasterWeights, world: World = ONE_PROCESS,
+    master: MasterWeights, world: World = ONE_PROCESS, scaler: DynamicLossScale | None = None,
 ) -> tuple[RunPosition, Path] | None:
     """Load the newest checkpoint that verifies and loads, saying which damaged ones were skipped;
     None when there is no checkpoint at all. Every checkpoint damaged is one sentence (ConfigError)."""
@@ -197,7 +201,7 @@ def resume_latest_intact(
         say(f"{note}; skipping it.")
     for path in intact:
         try:
-            return load_checkpoint(path, model, optimizer, scheduler, master, world), path
+            return load_checkpoint(path, model, optimizer, scheduler, master, world, scaler), path
         except ConfigError:
             raise
         except Exception as exc:  # verified bytes that still do not load: try the one before

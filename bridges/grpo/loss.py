@@ -12,6 +12,7 @@ and ``ratio_cap`` (two-sided truncation, TRL's ``delta``) stops a rare huge rati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,6 +98,7 @@ def sequence_logprobs(
     wanted_B_T: torch.Tensor | None = None,
     chunk_tokens: int = 256,
     chunked: bool = True,
+    fp32_grad: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Logprob of each token given its prefix: out[:, t] = log p(ids[t+1] | ids[:t+1]), shape (B, L-1),
     float32; only where ``wanted_B_T`` (default: every real token), 0 elsewhere.
@@ -112,5 +114,6 @@ def sequence_logprobs(
         wanted_B_T = attention_mask_B_L[:, 1:]
     wanted_B_L = torch.cat([wanted_B_T, torch.zeros_like(wanted_B_T[:, :1])], dim=1)
     logps_B_L = token_logprobs(model, input_ids_B_L, attention_mask_B_L, targets_B_L, wanted_B_L,
-                               temperature=temperature, chunk_tokens=chunk_tokens, chunked=chunked)  # fmt: skip
+                               temperature=temperature, chunk_tokens=chunk_tokens, chunked=chunked,
+                               fp32_grad=fp32_grad)  # fmt: skip
     return logps_B_L[:, :-1]

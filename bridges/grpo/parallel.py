@@ -60,13 +60,18 @@ def world_from_env(strategy: str = "ddp") -> World:
 
 
 def start(world: World, device: torch.device) -> None:
-    """Join the process group (NCCL on CUDA, gloo on the CPU); nothing for one process."""
+    """Join the process group (NCCL on CUDA, bound to this rank's GPU; gloo on the CPU); nothing for
+    one process. The main thread is bound to the device either way (``hardware.bind_thread``)."""
+    from bridges.models.hardware import bind_thread
+
+    bind_thread(device)
     if not world.distributed or dist.is_initialized():
         return
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    timeout = datetime.timedelta(minutes=10)
+    if device.type == "cuda":  # the group bound to this rank's GPU: collectives never guess a device
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
 
 
 def stop(finished: bool = False) -> None:
@@ -189,14 +194,31 @@ def load_full_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
                          options=StateDictOptions(full_state_dict=True, strict=False))  # fmt: skip
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict[str, Any]:
-    """The optimizer's state, whole: by position (every ``ddp`` process holds it all), or by tensor
-    name gathered from the shards under ``fsdp`` (a collective)."""
-    if not world.sharded:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def checkpoint_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The model's whole tensors and the optimizer's whole state, on the main process's CPU; None on
+    the others. Under ``fsdp`` both are gathered from the shards one tensor at a time straight into
+    the main process's host memory (a collective: every process calls it), so no process ever holds
+    the whole model or the whole AdamW state on its GPU, where FSDP was needed because it would not
+    fit. Optimizer state is keyed by position (one process, ``ddp``) or by tensor name (``fsdp``)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    if not world.sharded:
+        if not world.is_main:
+            return None
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, optimizer.state_dict()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if not world.is_main:
+        return None
+    return {k: v for k, v in model_state.items() if isinstance(v, torch.Tensor)}, optim_state
 
 
 def load_optimizer_state(

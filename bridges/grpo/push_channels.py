@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx2
 import torch
 
+from bridges.models.hardware import bound
 from bridges.models.weight_channel import Manifest, Pair
 from bridges.models.weight_payload import Payload, encode
 from bridges.runtime.errors import ConfigError
@@ -96,7 +97,8 @@ class CollectiveChannel:
         body = {"host": _address_towards(url), "port": self.store.port, "prefix": prefix,
                 "backend": self.name, "timeout_s": PAIR_TIMEOUT_S}  # fmt: skip
         _check(await http.post(f"{url}/v1/weights/channel", json=body, headers=self.headers))
-        pair = await asyncio.to_thread(Pair, self.store, prefix, 0, self.name, PAIR_TIMEOUT_S, self.device)
+        pair = await asyncio.to_thread(bound(self.device, Pair), self.store, prefix, 0, self.name, PAIR_TIMEOUT_S,
+                                       self.device)  # fmt: skip
         self.pairs[url] = pair
         return pair
 
@@ -111,7 +113,7 @@ class CollectiveChannel:
             while not reply.done() and not pair.is_ready(manifest.push):
                 await asyncio.sleep(0.005)
             if pair.is_ready(manifest.push):
-                await asyncio.to_thread(pair.send, list(payload.tensors.values()))
+                await asyncio.to_thread(bound(self.device, pair.send), list(payload.tensors.values()))
             _check(await reply)
         finally:
             reply.cancel()

@@ -38,12 +38,12 @@ def _worker_main(conn: Any, config: Any, where: Any, shared: dict[str, torch.Ten
         t = config.trainer
         env = load_environment(config.env, **config.env_args)
         env.max_concurrent = t.max_concurrent
-        model, tokenizer = load_policy(config, where)
+        model, tokenizer = load_policy(config, where, for_sampling=True)
         with lock:
             model.load_state_dict(shared, strict=False)
-        engine = HFEngine(model.eval(), tokenizer, device=where.device, max_batch_size=max(64, t.group_size))
+        engine = HFEngine(model, tokenizer, device=where.device, max_batch_size=max(64, t.group_size))
         client = EngineClient(engine, model_name=config.model)
-        trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+        trainable = list(shared)  # the parent shares exactly the trained tensors
         params = dict(model.named_parameters())
         loop = asyncio.new_event_loop()
         conn.send(("ready", engine.name))

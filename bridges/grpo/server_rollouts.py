@@ -30,6 +30,7 @@ import torch
 from bridges.envs.base import group_sampling_args
 from bridges.envs.types import State, StopReason
 from bridges.grpo.server_pool import Server, ServerPool
+from bridges.models.hardware import bound
 from bridges.runtime.errors import EngineError
 from bridges.runtime.gc_policy import relaxed_gc
 from bridges.workflows.advantages import AdvantageMethod, build_group
@@ -42,9 +43,10 @@ class ServerRollouts:
     def __init__(
         self, pool: ServerPool, env: Any, group_size: int, advantage: AdvantageMethod, *,
         gather_all: Callable[[torch.nn.Module], dict[str, torch.Tensor]], barrier: Callable[[], None],
-        wait_s: float, on_close: Callable[[], None] | None = None,
+        wait_s: float, on_close: Callable[[], None] | None = None, device: torch.device | None = None,
     ) -> None:  # fmt: skip
         self.pool, self.env, self.group_size, self.advantage = pool, env, group_size, advantage
+        self.device = device  # the policy's: the gathers and barriers run in threads bound to it
         self._gather_all, self._barrier, self._wait_s, self._on_close = gather_all, barrier, wait_s, on_close
         self._turn = itertools.count()  # rotates which server a batch's first group goes to
 
@@ -113,10 +115,10 @@ class ServerRollouts:
         version = self.pool.version + 1
         whole = version == 1
         if whole:  # every process gathers (a collective under fsdp); only the main one sends
-            state = await asyncio.to_thread(self._gather_all, policy)
+            state = await asyncio.to_thread(bound(self.device, self._gather_all), policy)
         if self.pool.pusher:
             await self.pool.push(state, version, whole)
-        await asyncio.to_thread(self._barrier)  # [distributed] the others see the servers updated
+        await asyncio.to_thread(bound(self.device, self._barrier))  # [distributed] the others see the servers updated
         if not self.pool.pusher:
             await self.pool.follow(version)
 
@@ -156,6 +158,7 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
 
     t, local = config.trainer, None
     urls, keys = list(t.server_urls), {}
+    device = next(policy.parameters()).device  # [distributed] every worker thread below runs on it
     try:
         if t.servers:
             if world.is_main:
@@ -164,7 +167,7 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
                 )
                 await local.wait_ready()
             found = [local.urls, local.api_key, local.weights_key] if local is not None else None
-            urls, api_key, weights_key = await asyncio.to_thread(share, found, world)  # [distributed]
+            urls, api_key, weights_key = await asyncio.to_thread(bound(device, share), found, world)  # [distributed]
             keys = {"api_key": api_key, "weights_key": weights_key}
         identity = Identity(model_layout(resolve_model_path(config.model)), tokenizer_fingerprint(tokenizer))
         pool = ServerPool.connect(urls, identity, world.is_main, t.server_timeout, **keys)
@@ -172,14 +175,14 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
         await pool.check_all()
         if world.is_main:  # [distributed] only the main process pushes
             offered = [server.channels for server in pool.servers]
-            pool.channel = open_channel(t.weight_channel, offered, next(policy.parameters()).device, pool.weights_key)
+            pool.channel = open_channel(t.weight_channel, offered, device, pool.weights_key)
             print(f"weights reach the {len(urls)} inference servers over {pool.channel.name}", flush=True)
     except BaseException:
         if local is not None:
             local.close()
         raise
     return ServerRollouts(pool, env, t.group_size, advantage_method(t.loss), gather_all=full_state_dict,
-                          barrier=functools.partial(barrier, world), wait_s=t.server_timeout,
+                          barrier=functools.partial(barrier, world), wait_s=t.server_timeout, device=device,
                           on_close=local.close if local is not None else None)  # fmt: skip
 
 

@@ -83,9 +83,9 @@ from bridges.grpo.parallel import (
 from bridges.grpo.parallel import start as start_processes
 from bridges.grpo.parallel import stop as stop_processes
 from bridges.grpo.policy import load_policy, make_engine, trainable_names
-from bridges.grpo.precision import MasterWeights, make_optimizer, make_scaler
+from bridges.grpo.precision import DynamicLossScale, MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
-from bridges.models.hardware import Placement, memory_metrics, placement
+from bridges.models.hardware import Placement, bound, memory_metrics, placement
 from bridges.models.token_logprobs import chunked_matches_plain
 from bridges.runs.backends import Backend
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
@@ -172,7 +172,7 @@ class StepContext:
     grad_accum_steps: int
     max_grad_norm: float
     master: MasterWeights
-    scaler: Any  # torch.amp.GradScaler: dynamic loss scaling for fp16, a no-op otherwise
+    scaler: DynamicLossScale  # dynamic loss scaling for fp16, a no-op otherwise
     device: torch.device
     logprob_chunk_tokens: int = 256
     chunked_logprobs: bool = True
@@ -200,21 +200,21 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
             parts = (float(out.per_sample_B.detach().sum()) / total, out.tokens, out.clipped_tokens,
                      out.ratio_sum, out.kl_sum, sum(len(s.token_ids) for s in chunk))  # fmt: skip
             sums = [a + b for a, b in zip(sums, parts, strict=True)]
-    ctx.master.grads_to_master()
+    ctx.master.grads_to_master()  # what autograd's hooks did not already move (fp32 sums, see precision.py)
     sum_gradients(ctx.master.params, world)  # [distributed] ddp: one fp32 all-reduce of the gradients
-    ctx.scaler.unscale_(ctx.optimizer)
+    ctx.scaler.unscale_(ctx.master.params)
     grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(ctx.master.params, ctx.max_grad_norm))
     loss, tokens, clipped, ratio_sum, kl_sum, trained = reduce_sum(sums, world, ctx.device)  # [distributed] metrics
     # One non-finite step would turn every weight into NaN for good: skip it (the loop stops the run
     # after MAX_NONFINITE_STEPS in a row, which means something upstream is broken). In fp16 an
     # overflowing gradient is the loss scale's to handle: the scaler halves it, the step is skipped.
-    overflow = ctx.scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
+    overflow = ctx.scaler.enabled and math.isfinite(loss) and not math.isfinite(grad_norm)
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if not skipped:
-        ctx.scaler.step(ctx.optimizer)
+        ctx.optimizer.step()
         ctx.master.master_to_model()
         ctx.scheduler.step()
-    ctx.scaler.update()
+    ctx.scaler.update(overflow=not math.isfinite(grad_norm))  # the global norm: every process agrees
     ctx.optimizer.zero_grad(set_to_none=True)
     ctx.policy.zero_grad(set_to_none=True)
     ctx.policy.eval()
@@ -237,7 +237,7 @@ def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutp
     if ctx.reference is not None:
         with torch.no_grad():
             ref_logps_B_T = logprobs(ctx.reference)
-    return policy_loss(logprobs(ctx.policy), batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
+    return policy_loss(logprobs(ctx.policy, fp32_grad=ctx.master.fp32_grad), batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
                        ctx.loss_config, ref_logps_B_T)  # fmt: skip
 
 
@@ -303,7 +303,8 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
     """The policy on its device in its precision (sharded under fsdp), its fp32 masters, AdamW, the
     schedule and the loss settings; and the tokenizer."""
     t = config.trainer
-    policy, tokenizer = load_policy(config, where)
+    # [distributed] fsdp keeps fp32 sharded parameters (their own masters) and computes in where.dtype
+    policy, tokenizer = load_policy(config, where, weights_dtype=torch.float32 if world.sharded else None)
     chunked = chunked_matches_plain(policy, len(tokenizer))
     if not chunked and world.is_main:
         print("note: this model's forward does more to its logits than a linear head (a soft cap, a scale), "
@@ -334,7 +335,7 @@ def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition
     if not config.resume:
         return RunPosition()
     resumed = resume_latest_intact(run_dir / "checkpoints", ctx.policy, ctx.optimizer, ctx.scheduler,
-                                   ctx.master, ctx.world)  # fmt: skip
+                                   ctx.master, ctx.world, ctx.scaler)  # fmt: skip
     say = print if ctx.world.is_main else (lambda *_: None)
     if resumed is None:
         say(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
@@ -386,11 +387,11 @@ class _Learner:
     async def push_weights(self) -> None:
         """The policy's trained tensors to the engine (whole tensors: gathered under fsdp)."""
         policy = self.run.ctx.policy
-        state = await asyncio.to_thread(full_state_dict, policy, trainable_names(policy))
+        state = await asyncio.to_thread(bound(self.run.where.device, full_state_dict), policy, trainable_names(policy))
         await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
-        result: dict[str, Any] = await asyncio.to_thread(train_step, self.run.ctx, samples)
+        result: dict[str, Any] = await asyncio.to_thread(bound(self.run.where.device, train_step), self.run.ctx, samples)
         if result.get("optimizer/stepped"):
             await self.push_weights()
         return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0], **memory_metrics(self.run.where.device)}
@@ -398,8 +399,8 @@ class _Learner:
     async def save(self, position: RunPosition) -> None:
         run, ctx = self.run, self.run.ctx
         await asyncio.to_thread(
-            save_checkpoint, run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
-            ctx.master, ctx.world, keep=run.config.keep_checkpoints, tokenizer=run.tokenizer,
+            bound(run.where.device, save_checkpoint), run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
+            ctx.master, ctx.world, keep=run.config.keep_checkpoints, tokenizer=run.tokenizer, scaler=ctx.scaler,
         )  # fmt: skip
 
 
@@ -426,7 +427,7 @@ def _reducer(ctx: StepContext) -> Any:
     from bridges.workflows.run_loop import Reducer
 
     return Reducer(is_main=ctx.world.is_main, combine=functools.partial(combine_tallies, world=ctx.world),
-                   barrier=functools.partial(barrier, ctx.world))  # fmt: skip
+                   barrier=bound(ctx.device, functools.partial(barrier, ctx.world)))  # fmt: skip
 
 
 # the bundled trainer reads every shared key and has no section of its own

@@ -13,13 +13,17 @@ five callers cannot drift into five dtype rules.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from bridges.runtime.errors import ConfigError
 
+T = TypeVar("T")
 DEVICE_HELP = "auto (CUDA when visible, else CPU) | cpu | cuda | cuda:N"
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 DTYPE_HELP = "auto (bf16 on a CUDA device that supports it, else fp32) | bf16 | fp16 | fp32"
@@ -138,3 +142,39 @@ def memory_metrics(device: Any) -> dict[str, float]:
     }
     torch.cuda.reset_peak_memory_stats(device)
     return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# One device per process, in every thread
+
+_thread = threading.local()
+
+
+def bind_thread(device: Any) -> None:
+    """Make ``device`` this thread's current device. CUDA's current device is per thread and a new
+    thread starts on cuda:0, so every thread that touches CUDA calls this first: FSDP2 makes its
+    streams on the current device and a collective without a device argument runs there, so on ranks
+    >= 1 an unbound worker thread would put them on another process's GPU. Recorded for any device,
+    so the rule is checked on a CPU (``thread_device``)."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
+    _thread.device = device
+
+
+def thread_device() -> Any:
+    """The device this thread was bound to (``bind_thread``), or None."""
+    return getattr(_thread, "device", None)
+
+
+def bound(device: Any, func: Callable[..., T]) -> Callable[..., T]:
+    """``func`` as a callable that binds its thread to ``device`` first: what every
+    ``asyncio.to_thread`` of the trainer and its engine runs (``tests/grpo/test_devices.py``)."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> T:
+        bind_thread(device)
+        return func(*args, **kwargs)
+
+    return call

@@ -21,6 +21,7 @@ computation. Equal to it within 1e-6 in fp32 (``tests/grpo/test_token_logprobs.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,9 +38,12 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 256,
     chunked: bool = True,
+    fp32_grad: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """``out[b, t] = log p(targets[b, t] | ids[b, :t + 1])`` (logits / temperature) where ``wanted[b, t]``,
-    0 elsewhere; float32, shape (B, L). ``chunked=False``: the plain full-logits computation."""
+    0 elsewhere; float32, shape (B, L). ``chunked=False``: the plain full-logits computation.
+    ``fp32_grad(weight)``: an fp32 buffer the head's gradient is added into instead of ``weight.grad``
+    (a half weight's master gradient, ``grpo.precision.MasterWeights.fp32_grad``)."""
     position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids_B_L, "attention_mask": attention_mask_B_L,
               "position_ids": position_ids_B_L, "use_cache": False}  # fmt: skip
@@ -54,7 +58,8 @@ def token_logprobs(
     hidden_N_H, targets_N = hidden_B_L_H[wanted], targets_B_L[wanted]
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.bias is None:  # the usual head: its gradient written in place
-        picked_N = HeadLogprobs.apply(hidden_N_H, head.weight, targets_N, scale, chunk_tokens)
+        sink = fp32_grad(head.weight) if fp32_grad is not None and head.weight.requires_grad else None
+        picked_N = HeadLogprobs.apply(hidden_N_H, head.weight, targets_N, scale, chunk_tokens, sink)
     else:  # a wrapped head (a LoRA adapter on it): each chunk through the module, recomputed in the backward
         pieces = [
             checkpoint(_chunk_logprobs, head, hidden_N_H[i : i + chunk_tokens], targets_N[i : i + chunk_tokens],
@@ -73,11 +78,17 @@ class HeadLogprobs(torch.autograd.Function):
 
     The head's gradient is added into ``weight.grad`` in place (the weight is a leaf parameter) rather
     than returned: returned, autograd would sum it with a tied input embedding's gradient out of place,
-    three vocabulary-sized tensors at once (at Qwen's vocabulary and width, 1.5 GB in fp32)."""
+    three vocabulary-sized tensors at once (at Qwen's vocabulary and width, 1.5 GB in fp32).
+
+    The chunks' contributions are summed in fp32 whatever the weight's dtype: into ``sink`` (a half
+    weight's fp32 master gradient) when given, else, for a half weight, into an fp32 buffer added to
+    ``weight.grad`` once at the end (FSDP's gathered half weight: a vocabulary-sized fp32 buffer for
+    the backward's duration). Each chunk's product runs in the weight's dtype, a vocabulary slice at a
+    time, so the half-precision matmul kernels stay in use and no vocabulary-sized half temporary exists."""
 
     @staticmethod
     def forward(ctx: Any, hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor, targets_N: torch.Tensor,
-                scale: float, chunk: int) -> torch.Tensor:  # fmt: skip
+                scale: float, chunk: int, sink: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         picked_N = torch.empty(hidden_N_H.shape[0], dtype=torch.float32, device=hidden_N_H.device)
         lse_N = torch.empty_like(picked_N)
         for i in range(0, hidden_N_H.shape[0], chunk):
@@ -85,7 +96,7 @@ class HeadLogprobs(torch.autograd.Function):
             lse_N[i : i + chunk] = logits_C_V.logsumexp(-1)
             picked_N[i : i + chunk] = logits_C_V.gather(-1, targets_N[i : i + chunk, None]).squeeze(-1)
         ctx.save_for_backward(hidden_N_H, targets_N, lse_N)
-        ctx.weight, ctx.scale, ctx.chunk = weight_V_H, scale, chunk  # the parameter itself, for its .grad
+        ctx.weight, ctx.scale, ctx.chunk, ctx.sink = weight_V_H, scale, chunk, sink  # the parameter itself, for its .grad
         return picked_N - lse_N
 
     @staticmethod
@@ -93,22 +104,44 @@ class HeadLogprobs(torch.autograd.Function):
         hidden_N_H, targets_N, lse_N = ctx.saved_tensors
         weight_V_H = ctx.weight
         grad_hidden = torch.empty_like(hidden_N_H) if ctx.needs_input_grad[0] else None
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            if weight_V_H.grad is None:
-                weight_V_H.grad = torch.zeros_like(weight_V_H)
-            grad_weight = weight_V_H.grad
+        grad_weight = _head_grad_buffer(weight_V_H, ctx.sink) if ctx.needs_input_grad[1] else None
         for i in range(0, hidden_N_H.shape[0], ctx.chunk):
             rows, g_C = slice(i, i + ctx.chunk), grad_N[i : i + ctx.chunk, None]
             logits_C_V = (hidden_N_H[rows] @ weight_V_H.T).float().mul_(ctx.scale)
             grad_C_V = logits_C_V.sub_(lse_N[rows, None]).exp_().mul_(-g_C)  # -g * softmax, in place
-            grad_C_V.scatter_add_(-1, targets_N[rows, None], g_C).mul_(ctx.scale)
-            grad_C_V = grad_C_V.to(hidden_N_H.dtype)
+            grad_C_V = grad_C_V.scatter_add_(-1, targets_N[rows, None], g_C).mul_(ctx.scale).to(hidden_N_H.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_C_V @ weight_V_H
             if grad_weight is not None:
-                grad_weight.addmm_(grad_C_V.T, hidden_N_H[rows])
-        return grad_hidden, None, None, None, None  # the weight's gradient is already in weight.grad
+                _add_head_grad(grad_weight, grad_C_V, hidden_N_H[rows])
+        if grad_weight is not None and grad_weight is not weight_V_H.grad and ctx.sink is None:
+            weight_V_H.grad.add_(grad_weight)  # the fp32 sum rounded once into a half weight's gradient
+        return grad_hidden, None, None, None, None, None  # the weight's gradient is already written
+
+
+VOCAB_SLICE = 8192  # vocabulary rows per half-precision product added into an fp32 head gradient
+
+
+def _head_grad_buffer(weight_V_H: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Where the chunks' head gradients are summed: the fp32 sink, the weight's own fp32 gradient, or
+    (a half weight) an fp32 buffer that ``weight.grad`` receives at the end."""
+    if sink is not None:
+        return sink
+    if weight_V_H.grad is None:
+        weight_V_H.grad = torch.zeros_like(weight_V_H)
+    if weight_V_H.dtype == torch.float32:
+        return weight_V_H.grad
+    return torch.zeros_like(weight_V_H, dtype=torch.float32)
+
+
+def _add_head_grad(grad_V_H: torch.Tensor, grad_C_V: torch.Tensor, hidden_C_H: torch.Tensor) -> None:
+    """``grad_V_H += grad_C_V.T @ hidden_C_H``: in place when the dtypes agree, else (an fp32 sum of
+    half products) one vocabulary slice at a time."""
+    if grad_V_H.dtype == grad_C_V.dtype:
+        grad_V_H.addmm_(grad_C_V.T, hidden_C_H)
+        return
+    for v in range(0, grad_V_H.shape[0], VOCAB_SLICE):
+        grad_V_H[v : v + VOCAB_SLICE].add_(grad_C_V[:, v : v + VOCAB_SLICE].T @ hidden_C_H)
 
 
 def _chunk_logprobs(head: Any, hidden_C_H: torch.Tensor, targets_C: torch.Tensor, scale: float) -> torch.Tensor:

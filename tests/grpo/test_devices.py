@@ -65,3 +65,96 @@ def test_bad_device_precision_and_process_settings_are_one_sentence(argv, piece,
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and piece in err and len(err.splitlines()) == 1, err
     assert not Path("runs").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# One device per rank in every thread: CUDA's current device is per thread (a new thread is on cuda:0)
+
+THREADED = [*sorted((ROOT / "bridges" / "grpo").glob("*.py")), *sorted((ROOT / "adapters" / "hf").glob("*.py")),
+            ROOT / "workflows" / "run_loop.py"]  # fmt: skip
+# worker-thread calls that touch no GPU: a child process's join, an HTTP body's bytes, the whole model's
+# payload for a server that fell behind (host copies of tensors that name their device)
+UNBOUND_ALLOWED = {"self._process.join", "encode", "self._whole_parts", "reducer.barrier"}
+
+
+def unbound_thread_calls(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to_thread"
+            and node.args and not (isinstance(node.args[0], ast.Call) and ast.unparse(node.args[0].func) == "bound")
+            and ast.unparse(node.args[0]) not in UNBOUND_ALLOWED
+        ):  # fmt: skip
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.args[0])}")
+    return found
+
+
+def test_every_worker_thread_of_the_trainer_binds_its_device_first():
+    missing = [line for path in THREADED for line in unbound_thread_calls(path)]
+    assert not missing, "asyncio.to_thread without bound(device, ...):\n" + "\n".join(missing)
+
+
+def test_the_thread_check_finds_an_unbound_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    code = tmp_path / "bad.py"
+    code.write_text("async def f():\n    await asyncio.to_thread(train_step, 1)\n"
+                    "    await asyncio.to_thread(bound(d, train_step), 1)\n")  # fmt: skip
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert unbound_thread_calls(code) == ["bad.py:2 train_step"]
+
+
+def test_a_real_run_binds_every_worker_thread_to_the_trainers_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each thread entry clears the thread's binding first, so only a call that binds itself passes:
+    training, the gathers before a push, saves, barriers and the hf engine's batches and updates."""
+    import asyncio
+
+    import torch
+
+    from bridges.grpo.trainer import run
+    from bridges.models import hardware
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
+
+    real, seen = asyncio.to_thread, []
+
+    async def checking(func, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def entry():  # type: ignore[no-untyped-def]
+            hardware._thread.device = None
+            try:
+                return func(*args, **kwargs)
+            finally:
+                inner = getattr(func, "__wrapped__", func)
+                seen.append((getattr(inner, "__name__", None) or repr(inner), hardware.thread_device()))
+
+        return await real(entry)
+
+    monkeypatch.setattr(asyncio, "to_thread", checking)
+    config = parse_config(TrainConfig, [f"output_dir={tmp_path}", "progress=false", "trainer.device=cpu",
+                                        "trainer.max_steps=2", "save_every=1", "trainer.batch_size=2",
+                                        "trainer.group_size=2"])  # fmt: skip
+    assert run(config) == 0
+    names = {name for name, _ in seen}
+    assert {"train_step", "full_state_dict", "save_checkpoint", "_run_batch"} <= names, names
+    assert any("barrier" in name for name in names), names
+    unbound = [name for name, device in seen if device != torch.device("cpu")]
+    assert not unbound, unbound
+
+
+def test_the_process_group_is_bound_to_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch):
+    """On CUDA the group is made with device_id (NCCL binds to the rank's GPU; barriers and collectives
+    never fall back to cuda:0) and the main thread's current device is that GPU. Faked at the seam."""
+    import torch
+    import torch.distributed as dist
+
+    from bridges.grpo import parallel
+    from bridges.models import hardware
+
+    calls: dict = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.update(current=device))
+    parallel.start(parallel.World(rank=1, size=2, local_rank=1), torch.device("cuda:1"))
+    assert calls["backend"] == "nccl" and calls["device_id"] == torch.device("cuda:1")
+    assert calls["current"] == torch.device("cuda:1") and hardware.thread_device() == torch.device("cuda:1")
+    calls.clear()
+    parallel.start(parallel.World(rank=1, size=2, local_rank=1), torch.device("cpu"))
+    assert calls["backend"] == "gloo" and "device_id" not in calls and "current" not in calls

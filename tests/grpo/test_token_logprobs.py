@@ -96,3 +96,37 @@ def test_a_model_that_transforms_its_logits_falls_back_to_the_plain_computation(
         model.get_output_embeddings().weight.mul_(200.0)  # logits large enough for the cap to matter
     assert chunked_matches_plain(model, model.config.vocab_size)
     assert not chunked_matches_plain(SoftCapped(model), model.config.vocab_size)
+
+
+def test_a_half_heads_gradient_is_summed_over_chunks_and_micro_batches_in_fp32():
+    """bf16 weights: the head's chunked gradient goes into the master's fp32 gradient (or, without a
+    master, an fp32 sum rounded once), and micro-batches add up on the master in fp32."""
+    from bridges.grpo.precision import MasterWeights
+    from bridges.models.token_logprobs import HeadLogprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 300, bias=False).to(torch.bfloat16)
+    master = MasterWeights(head)
+    hidden = torch.randn(512, 32, dtype=torch.bfloat16)
+    targets = torch.randint(0, 300, (512,))
+    exact = torch.zeros(300, 32)
+    for part in (hidden[:256], hidden[256:]):  # two micro-batches, 64 chunks of 4 rows each
+        weight = head.weight.detach().float().requires_grad_()
+        logits = part.float() @ weight.T
+        (logits.gather(-1, targets[: len(part), None]) - logits.logsumexp(-1, keepdim=True)).sum().backward()
+        exact += weight.grad
+        HeadLogprobs.apply(part, head.weight, targets[: len(part)], 1.0, 4, master.fp32_grad(head.weight)).sum().backward()
+    master.grads_to_master()
+    [(_, _, fp32_master)] = master.pairs
+    assert fp32_master.grad.dtype == torch.float32 and head.weight.grad is None
+    fp32_error = (fp32_master.grad - exact).abs().max().item()
+    # without a master: the chunks summed in fp32 and rounded into the bf16 gradient once
+    plain = torch.nn.Parameter(head.weight.detach().clone())  # a half weight with no master (FSDP's gathered one)
+    HeadLogprobs.apply(hidden[:256], plain, targets[:256], 1.0, 4).sum().backward()
+    first = plain.grad.float()
+    weight = head.weight.detach().float().requires_grad_()
+    logits = hidden[:256].float() @ weight.T
+    (logits.gather(-1, targets[:256, None]) - logits.logsumexp(-1, keepdim=True)).sum().backward()
+    rounded_once = (first - weight.grad).abs().max().item()
+    assert fp32_error < 0.02 * exact.abs().max().item(), fp32_error  # per-chunk bf16 products only
+    assert rounded_once <= 2 ** -7 * weight.grad.abs().max().item() + fp32_error, rounded_once

@@ -25,8 +25,8 @@ from bridges.runs.train_config import TrainConfig
 from bridges.workflows.types import TrainingSample
 
 
-def global_batch(vocab: int, count: int = 16) -> list[TrainingSample]:
-    rng = random.Random(0)
+def global_batch(vocab: int, count: int = 16, seed: int = 0) -> list[TrainingSample]:
+    rng = random.Random(seed)
     samples = []
     for _ in range(count):
         prompt, completion = rng.randint(6, 14), rng.randint(2, 9)
