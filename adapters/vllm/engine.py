@@ -7,13 +7,27 @@ Checked only on a GPU machine: vLLM needs CUDA, so CPU CI tests the pure convers
   and the logprob of each sampled id come back unchanged (``logprobs=0``). The engine is built with
   ``logprobs_mode="processed_logprobs"`` so logprobs are under the temperature-scaled
   distribution, the one the trainer's importance ratio compares against.
-- Weight sync, two paths: full weights through ``collective_rpc`` into ``WeightSyncExtension``
-  (then the prefix cache is reset, since cached KV was computed with the old weights), or, for a
-  LoRA policy, the adapter saved to disk and hot-loaded as a new ``LoRARequest`` id each version.
+- Weight sync, two paths: full weights through ``collective_rpc`` into ``WeightSyncExtension``, or,
+  for a LoRA policy, the adapter saved to disk and hot-loaded as a new ``LoRARequest`` id each
+  version (a running request keeps the adapter it started with).
+- A full update is made the way vLLM expects it in flight: no new request enters the engine (our own
+  gate: vLLM 0.26 queues requests made during a pause, 0.33 refuses them), ``pause_generation(mode=
+  "wait")`` lets the running ones finish under the old weights, the weights load, the prefix cache is
+  reset (its KV was computed with the old weights; vLLM returns False and does nothing while requests
+  run, so the answer is checked, never ignored), generation resumes. Each sample's ``weight_version``
+  is therefore the version every one of its tokens was sampled under.
+- Outputs come back once, final (``RequestOutputKind.FINAL_ONLY``): the default re-sends the whole
+  output at every engine step, quadratic in the length.
+- Memory: ``gpu_memory_utilization`` defaults to what the trainer leaves free on the GPU less what it
+  will still take (``memory_utilization``); ``vllm.enable_sleep_mode=true`` offloads the engine while
+  the trainer steps (``asleep``; woken by the next weight update), for colocated runs that alternate.
+The seam's vLLM calls are checked against the recorded APIs of vLLM 0.26 and 0.33
+(``tests/support/vllm_api.json``, ``tests/adapters/test_vllm_releases.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 import tempfile
@@ -22,7 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from bridges.envs.types import FinishReason, Sample, SamplingParams
-from bridges.runtime.errors import require_extra
+from bridges.runtime.errors import ConfigError, EngineError, require_extra
+
+GIB = 1024**3
+RESET_TRIES = 5  # prefix-cache resets refused before the update is called failed
+STEP_HEADROOM_BYTES = 2 * GIB  # activations and logits of a training step, beyond its optimizer state
 
 
 def engine_arguments(path: str, lora_rank: int, user: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +49,7 @@ def engine_arguments(path: str, lora_rank: int, user: dict[str, Any]) -> dict[st
         "model": path,
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": "bridges.adapters.vllm.worker_extension.WeightSyncExtension",
-        "gpu_memory_utilization": 0.5,  # leave room for the trainer on the same GPU
+        "gpu_memory_utilization": 0.5,  # for_training derives its own from what the trainer leaves free
         "enable_prefix_caching": True,
         **({"enable_lora": True, "max_lora_rank": lora_rank} if lora_rank > 0 else {}),
         **user,
@@ -100,6 +118,9 @@ class VLLMEngine:
         self._lora_request: Any = None
         self._lora_ids = itertools.count(1)
         self._adapter_dir: Path | None = None  # made at the first LoRA sync, removed at close
+        self._open = asyncio.Event()  # cleared while weights change: generate waits at it
+        self._open.set()
+        self._asleep = False
 
     @classmethod
     def from_pretrained(cls, model: str, *, lora_rank: int = 0, **engine_args: Any) -> VLLMEngine:
@@ -123,22 +144,30 @@ class VLLMEngine:
         )
 
     @classmethod
-    def for_training(cls, config: Any, where: Any, tokenizer: Any) -> VLLMEngine:
+    def for_training(cls, config: Any, where: Any, tokenizer: Any, reserve_bytes: int = 0) -> VLLMEngine:
         """The engine the GRPO trainer samples from, in the dtype the policy computes in (so the first
-        importance ratio is 1); extra vLLM options come from ``vllm.*``."""
+        importance ratio is 1); extra vLLM options come from ``vllm.*``. ``reserve_bytes``: what the
+        trainer will still allocate (its optimizer state), kept out of vLLM's share of the GPU."""
         dtype = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(str(where.dtype), "float32")
-        return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank,
-                                   **{"dtype": dtype, **dict(config.vllm)})  # fmt: skip
+        user = dict(config.vllm)
+        if "gpu_memory_utilization" not in user and where.device.type == "cuda":
+            import torch
+
+            free, total = torch.cuda.mem_get_info(where.device)
+            user["gpu_memory_utilization"] = memory_utilization(free, total, reserve_bytes + STEP_HEADROOM_BYTES)
+        return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank, **{"dtype": dtype, **user})
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
         vllm = require_extra("vllm", "vllm", "the vLLM engine")
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
+        await self._open.wait()  # no request enters vLLM while weights change
         version = self.weight_version
         final = None
         async for output in self.llm.generate(
             TokensPrompt(prompt_token_ids=list(prompt_ids)),
-            vllm.SamplingParams(**sampling_kwargs(params, n)),
+            vllm.SamplingParams(**sampling_kwargs(params, n), output_kind=RequestOutputKind.FINAL_ONLY),
             request_id=uuid.uuid4().hex,
             lora_request=self._lora_request,
         ):
@@ -150,25 +179,72 @@ class VLLMEngine:
     async def aupdate_weights(
         self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None
     ) -> None:
-        """New weights for the next requests: LoRA hot-load when serving an adapter, else full weights.
-        A request already running keeps the version it started under (vLLM swaps weights between its
-        engine steps, so its later tokens may come from the new ones); ``version`` numbers the update."""
-        if self._lora and policy is not None:
-            from vllm.lora.request import LoRARequest
+        """New weights for the next requests: a LoRA hot-load when serving an adapter (a running request
+        keeps its adapter), else full weights loaded while generation is paused (see the module doc);
+        ``version`` numbers the update. Wakes a sleeping engine first."""
+        self._open.clear()
+        try:
+            if self._asleep:
+                await self.llm.wake_up()
+                self._asleep = False
+            if self._lora and policy is not None:
+                self._hot_load_adapter(policy)
+            else:
+                await self._load_paused(state_dict)
+            self.weight_version = self.weight_version + 1 if version is None else version
+        finally:
+            self._open.set()
 
-            lora_id = next(self._lora_ids)
-            if self._adapter_dir is None:
-                self._adapter_dir = Path(tempfile.mkdtemp(prefix="bridges-lora-"))
-            path = self._adapter_dir / f"v{lora_id}"
-            policy.save_pretrained(path)
-            self._lora_request = LoRARequest(f"policy-v{lora_id}", lora_id, str(path))
-        else:
-            named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+    def _hot_load_adapter(self, policy: Any) -> None:
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        if self._adapter_dir is None:
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="bridges-lora-"))
+        path = self._adapter_dir / f"v{lora_id}"
+        policy.save_pretrained(path)
+        self._lora_request = LoRARequest(f"policy-v{lora_id}", lora_id, str(path))
+
+    async def _load_paused(self, state_dict: dict[str, Any]) -> None:
+        """Pause (running requests finish first), load, reset the prefix cache (checked), resume."""
+        named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+        await self.llm.pause_generation(mode="wait")
+        try:
             await self.llm.collective_rpc("update_weights_from_state", args=(named,))
-            await self.llm.reset_prefix_cache()
-        self.weight_version = self.weight_version + 1 if version is None else version
+            for attempt in range(RESET_TRIES):
+                if await self.llm.reset_prefix_cache():
+                    return
+                await asyncio.sleep(0.05 * (attempt + 1))
+            raise EngineError(
+                f"vLLM refused to reset its prefix cache {RESET_TRIES} times after a weight update (requests "
+                "were still running), so cached prompts would be answered with the old weights; stopping."
+            )
+        finally:
+            await self.llm.resume_generation()
+
+    async def asleep(self) -> None:
+        """Offload the engine (vLLM's sleep mode, level 1: weights to host memory, KV cache freed) while
+        the trainer steps; the next ``aupdate_weights`` wakes it. Needs ``vllm.enable_sleep_mode=true``."""
+        if not self._asleep:
+            await self.llm.sleep(level=1)
+            self._asleep = True
 
     async def aclose(self) -> None:
         self.llm.shutdown()
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
+
+
+def memory_utilization(free_bytes: int, total_bytes: int, reserve_bytes: int) -> float:
+    """vLLM's ``gpu_memory_utilization`` (its share of the whole GPU) for an engine started beside a
+    trainer: what is free now, less what the trainer will still take (``reserve_bytes``), rounded
+    down to a hundredth; one sentence when that leaves vLLM too little to hold a KV cache."""
+    share = (free_bytes - reserve_bytes) / total_bytes
+    if share < 0.05:
+        raise ConfigError(
+            f"the trainer leaves {free_bytes / GIB:.1f} GiB of this GPU's {total_bytes / GIB:.1f} GiB free and will "
+            f"take {reserve_bytes / GIB:.1f} GiB more while it steps, too little for vLLM beside it; set "
+            "vllm.enable_sleep_mode=true with trainer.num_batches_ahead=0, a smaller model or LoRA, or "
+            "vllm.gpu_memory_utilization yourself."
+        )
+    return float(int(min(share, 0.95) * 100)) / 100

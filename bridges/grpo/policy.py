@@ -50,15 +50,18 @@ def load_policy(
     return policy, tokenizer
 
 
-def make_engine(config: TrainConfig, where: Placement, tokenizer: Any, processes: int = 1) -> Any:
+def make_engine(
+    config: TrainConfig, where: Placement, tokenizer: Any, processes: int = 1, reserve_bytes: int = 0
+) -> Any:
     """The generation engine behind the client: vLLM on a GPU (one training process), the transformers
     engine otherwise. Its weights start as the checkpoint's; the trainer pushes the policy's before the
-    first rollout."""
+    first rollout. ``reserve_bytes``: what the trainer will still allocate on the GPU (vLLM's share of
+    memory leaves it out)."""
     choice = config.engine
     if choice == "auto":
         choice = "vllm" if where.device.type == "cuda" and processes == 1 and _vllm_installed() else "hf"
     if choice == "vllm":
-        return engine_class("vllm").for_training(config, where, tokenizer)
+        return engine_class("vllm").for_training(config, where, tokenizer, reserve_bytes)
     # its own copy of the weights: training changes the policy in another thread while the engine
     # samples the next batch, and a batch must never see half-updated weights
     engine_model, _ = load_policy(config, where, for_sampling=True)

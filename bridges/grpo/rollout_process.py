@@ -139,6 +139,9 @@ class ProcessRollouts:
         self._conn.send(("weights",))
         self.weight_version += 1
 
+    async def offload(self) -> None:
+        """Nothing to free: this engine's memory is not the trainer's."""
+
     async def aclose(self) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):
             self._conn.send(("stop",))

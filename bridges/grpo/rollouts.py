@@ -9,6 +9,7 @@ whichever is chosen (``trainer.rollout_process``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +35,11 @@ class Rollouts(Protocol):
         version increments."""
         ...
 
+    async def offload(self) -> None:
+        """The trainer is about to step: free the engine's accelerator memory if it was asked to
+        (vLLM's sleep mode); the next ``update_weights`` brings it back. Nothing otherwise."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -41,11 +47,13 @@ class InProcessRollouts:
     """Rollouts on this event loop: ``run_groups`` over an ``EngineClient`` on ``engine``."""
 
     def __init__(
-        self, engine: TrainableEngine, env: Any, group_size: int, model: str, advantage: AdvantageMethod
-    ) -> None:
+        self, engine: TrainableEngine, env: Any, group_size: int, model: str, advantage: AdvantageMethod,
+        offload: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:  # fmt: skip
         from bridges.client import EngineClient
 
         self.engine = engine
+        self._offload = offload  # the vLLM engine's asleep, under vllm.enable_sleep_mode=true
         self.name = engine.name
         self._client = EngineClient(engine, model_name=model)
         self._env, self._group_size, self._model, self._advantage = env, group_size, model, advantage
@@ -64,6 +72,10 @@ class InProcessRollouts:
 
     async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
         await sync_weights(self.engine, state, policy)
+
+    async def offload(self) -> None:
+        if self._offload is not None:
+            await self._offload()
 
     async def aclose(self) -> None:
         await self.engine.aclose()

@@ -122,6 +122,9 @@ class ServerRollouts:
         if not self.pool.pusher:
             await self.pool.follow(version)
 
+    async def offload(self) -> None:
+        """Nothing to free: this engine's memory is not the trainer's."""
+
     async def aclose(self) -> None:
         for server in self.pool.servers:
             await server.client.close()

@@ -121,6 +121,12 @@ def validate(config: TrainConfig, options: None = None) -> None:
             "backend=grpo does not run DeepSpeed; under accelerate launch use examples/accelerate/fsdp.yaml "
             "(FSDP2 shards what ZeRO-3 shards), or backend=trl, which runs accelerate's DeepSpeed configs."
         )
+    if config.vllm.get("enable_sleep_mode") and (config.engine != "vllm" or t.num_batches_ahead != 0
+                                                 or t.inference != "engine"):  # fmt: skip
+        raise ConfigError(
+            "vllm.enable_sleep_mode=true offloads the vLLM engine while the trainer steps, so it needs "
+            "engine=vllm, trainer.inference=engine and trainer.num_batches_ahead=0 (nothing generating during a step)."
+        )
     if config.engine == "vllm" and t.inference == "engine":
         require_extra("vllm", "vllm", "engine=vllm")
     if t.rollout_process and (config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())):
@@ -359,10 +365,11 @@ async def _rollouts(run: _Run) -> Rollouts:
         from bridges.grpo.rollout_process import ProcessRollouts
 
         return ProcessRollouts(config, run.where)
-    engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size)
-    return InProcessRollouts(
-        engine, run.env, config.trainer.group_size, config.model, advantage_method(config.trainer.loss)
-    )
+    optimizer_state_bytes = 8 * sum(p.numel() for p in run.ctx.master.params)  # AdamW's moments, made at step 1
+    engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size, optimizer_state_bytes)
+    sleeps = bool(config.vllm.get("enable_sleep_mode"))  # validate(): only with engine=vllm, nothing ahead
+    return InProcessRollouts(engine, run.env, config.trainer.group_size, config.model,
+                             advantage_method(config.trainer.loss), offload=engine.asleep if sleeps else None)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -391,6 +398,7 @@ class _Learner:
         await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
+        await self.rollouts.offload()  # vllm.enable_sleep_mode: the engine's memory is the step's
         result: dict[str, Any] = await asyncio.to_thread(bound(self.run.where.device, train_step), self.run.ctx, samples)
         if result.get("optimizer/stepped"):
             await self.push_weights()

@@ -11,9 +11,14 @@ models do. The request conversion (``sampling_kwargs``) and output conversion
 
 from __future__ import annotations
 
+import asyncio
+import enum
+import inspect
+import json
 import sys
 import types
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +33,9 @@ def vllm_module() -> types.ModuleType:
     vllm.SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)  # type: ignore[attr-defined]
     inputs.TokensPrompt = dict  # type: ignore[attr-defined]
     vllm.inputs = inputs  # type: ignore[attr-defined]
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = enum.Enum("RequestOutputKind", ["CUMULATIVE", "DELTA", "FINAL_ONLY"])  # type: ignore[attr-defined]
+    vllm.sampling_params = sampling  # type: ignore[attr-defined]
     return vllm
 
 
@@ -35,6 +43,7 @@ def install(monkeypatch: Any) -> None:
     vllm = vllm_module()
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", vllm.inputs)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", vllm.sampling_params)
 
 
 class _LoadsHFNames:
@@ -66,7 +75,8 @@ def _position(token: int, logprob: float, top: list[tuple[int, float]]) -> dict[
 
 
 class HFAsyncLLM:
-    """``AsyncLLM``'s generate / collective_rpc / reset_prefix_cache / shutdown over an ``HFEngine``."""
+    """``AsyncLLM``'s generate / collective_rpc / pause and resume / reset_prefix_cache / shutdown over an
+    ``HFEngine`` (``ReleaseAsyncLLM`` below holds it to a recorded release's signatures and behaviour)."""
 
     def __init__(self, hf_engine: Any) -> None:
         self.hf = hf_engine
@@ -100,8 +110,146 @@ class HFAsyncLLM:
     async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return [getattr(self.worker, method)(*args)]
 
-    async def reset_prefix_cache(self) -> None:
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         return None
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        return True
 
     def shutdown(self) -> None:
         self.hf.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# A stand-in that follows one recorded vLLM release (tests/support/vllm_api.json)
+
+RECORD = Path(__file__).resolve().parent / "vllm_api.json"
+
+
+def releases() -> dict[str, Any]:
+    return json.loads(RECORD.read_text())
+
+
+class RetryableRequestError(RuntimeError):
+    """What vLLM 0.33 raises for a request made while generation is paused."""
+
+
+def _checked(record: dict[str, Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The call binds to the release's recorded signature of ``AsyncLLM.<name>``, or AssertionError."""
+    spec = record["async_llm"][name]
+    params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=None if p in spec["defaults"] else inspect.Parameter.empty)
+              for p in spec["positional"]]  # fmt: skip
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in spec["keyword_only"]]
+    try:
+        inspect.Signature(params).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise AssertionError(f"AsyncLLM.{name}{args, kwargs} does not fit vLLM's recorded signature: {exc}") from exc
+
+
+def release_module(record: dict[str, Any]) -> types.ModuleType:
+    """``vllm`` with the names the engine imports, its ``SamplingParams`` refusing fields the release lacks."""
+    vllm = vllm_module()
+    fields = set(record["sampling_params"])
+
+    def sampling_params(**kwargs: Any) -> Any:
+        unknown = set(kwargs) - fields
+        assert not unknown, f"SamplingParams has no field(s) {sorted(unknown)} in this release"
+        return SimpleNamespace(**kwargs)
+
+    vllm.SamplingParams = sampling_params  # type: ignore[attr-defined]
+    module = types.ModuleType("vllm.sampling_params")
+    module.RequestOutputKind = enum.Enum("RequestOutputKind", record["request_output_kinds"])  # type: ignore[attr-defined]
+    vllm.sampling_params = module  # type: ignore[attr-defined]
+    return vllm
+
+
+def install_release(monkeypatch: Any, record: dict[str, Any]) -> None:
+    vllm = release_module(record)
+    for name, module in (("vllm", vllm), ("vllm.inputs", vllm.inputs), ("vllm.sampling_params", vllm.sampling_params)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+class ReleaseAsyncLLM(HFAsyncLLM):
+    """``HFAsyncLLM`` held to one release: every call checked against its recorded signature; pauses as it
+    documents them (``wait`` drains the running requests; a request made while paused is queued by 0.26
+    and refused by 0.33); ``reset_prefix_cache`` refuses (False) while a request runs, or ``refuse_resets``
+    times; sleep mode. ``spans`` records, per request, the weight updates loaded at its start and its end."""
+
+    def __init__(self, hf_engine: Any, record: dict[str, Any], *, hold_s: float = 0.02, refuse_resets: int = 0) -> None:
+        super().__init__(hf_engine)
+        self.record, self.hold_s, self.refuse_resets = record, hold_s, refuse_resets
+        self.running = 0
+        self.paused = self.asleep = False
+        self.updates = 0  # weight loads so far
+        self.spans: list[tuple[int, int]] = []
+        self.calls: list[str] = []
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        _checked(self.record, "generate", args, kwargs)
+        assert not self.asleep, "generate on a sleeping engine"
+        if self.paused:
+            if self.record["requests_made_while_paused"] == "refused":
+                raise RetryableRequestError("generation is paused")
+            await self._resumed.wait()
+        self.running += 1
+        start = self.updates
+        try:
+            await asyncio.sleep(self.hold_s)  # in flight for a while, so updates can arrive meanwhile
+            async for output in super().generate(*args, **kwargs):
+                await asyncio.sleep(self.hold_s)
+                self.spans.append((start, self.updates))
+                yield output
+        finally:
+            self.running -= 1
+
+    async def pause_generation(self, *args: Any, **kwargs: Any) -> None:
+        _checked(self.record, "pause_generation", args, kwargs)
+        self.calls.append(f"pause:{kwargs.get('mode', 'abort')}")
+        assert kwargs.get("mode") in self.record["pause_modes"]
+        self.paused = True
+        self._resumed.clear()
+        while kwargs.get("mode") == "wait" and self.running:
+            await asyncio.sleep(0.001)
+
+    async def resume_generation(self, *args: Any, **kwargs: Any) -> None:
+        _checked(self.record, "resume_generation", args, kwargs)
+        self.calls.append("resume")
+        self.paused = False
+        self._resumed.set()
+
+    async def collective_rpc(self, *args: Any, **kwargs: Any) -> list[Any]:  # type: ignore[override]
+        _checked(self.record, "collective_rpc", args, kwargs)
+        self.calls.append("load")
+        result = await super().collective_rpc(args[0], kwargs.get("args", ()))
+        self.updates += 1
+        return result
+
+    async def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
+        _checked(self.record, "reset_prefix_cache", args, kwargs)
+        if self.running or self.refuse_resets > 0:
+            self.refuse_resets -= 1
+            self.calls.append("reset:refused")
+            return False
+        self.calls.append("reset")
+        return True
+
+    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+        _checked(self.record, "sleep", args, kwargs)
+        self.calls.append("sleep")
+        self.asleep = True
+
+    async def wake_up(self, *args: Any, **kwargs: Any) -> Any:
+        _checked(self.record, "wake_up", args, kwargs)
+        self.calls.append("wake")
+        self.asleep = False
+        return True if self.record["async_llm"]["wake_up"]["returns"] == "bool" else None
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        _checked(self.record, "shutdown", args, kwargs)
+        super().shutdown()
