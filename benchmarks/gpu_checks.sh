@@ -11,7 +11,14 @@
 #   0. benchmarks/logprob_probe.py: whether the chunked logprob path holds in fp32 and bf16 here;
 #   1. the main job (`python -m bridges.train`, device=auto: the GPU), its wall time and final reward;
 #   2. benchmarks/gpu_smoke.py: Qwen2.5-0.5B and 1.5B architectures, 3 bf16 steps each;
-#   3. benchmarks/trainer_memory.py: the optimizer step's peak against its floor, all layers.
+#   3. benchmarks/trainer_memory.py: the optimizer step's peak against its floor, all layers;
+#   4. benchmarks/generation_memory.py: one generation batch (64 rows, max_tokens 128/256/512) at
+#      Qwen2.5-0.5B's width, all layers, against weights + KV cache (goal gen_peak_floor_ratio <= 1.3);
+#      gpu_smoke's peak_over_resting is a train step's peak over its resting memory (goal <= 1.5);
+#   5. fsdp_resume: trainer.strategy=fsdp in bf16 through a save at step 2 and a resume to step 4 (one
+#      GPU: one process, so FSDP's sharding is a no-op and the bf16 checkpoint path is what runs);
+#   6. vllm_engine: the main job with engine=vllm, when vLLM imports (skipped otherwise).
+# Bounded in all to about 8 minutes on one H100/H200 (the defaults below sum to 480 s of timeouts).
 set -u
 LOGS=${1:-gpu_logs}
 mkdir -p "$LOGS"
@@ -32,12 +39,28 @@ nvidia-smi -L >"$LOGS/device.txt" 2>&1
 cat "$LOGS/device.txt"
 RUNS=${RUNS:-$(mktemp -d)}  # the run folders stay out of LOGS: only the logs need to come back
 # -P: the repository root is not put on sys.path, so `bridges` comes from the installed package
-for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory}; do
+fsdp_resume() {  # save at step 2, stop at 4; resume to 6 from the newest checkpoint
+    "$PY" -P -m bridges.train output_dir="$RUNS/fsdp" progress=false trainer.strategy=fsdp trainer.dtype=bf16 \
+        trainer.max_steps=4 save_every=2 &&
+    "$PY" -P -m bridges.train output_dir="$RUNS/fsdp" progress=false trainer.strategy=fsdp trainer.dtype=bf16 \
+        trainer.max_steps=6 save_every=2 resume=true && echo "fsdp_resume=ok"
+}
+vllm_engine() {
+    if ! "$PY" -c "import vllm" 2>/dev/null; then echo "vllm_engine=skipped (vllm does not import)"; return 0; fi
+    "$PY" -P -m bridges.train output_dir="$RUNS/vllm" progress=false engine=vllm trainer.max_steps=40 &&
+        echo "vllm_engine=ok"
+}
+export -f fsdp_resume vllm_engine  # `timeout` runs them through bash -c
+export PY RUNS
+for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation_memory fsdp_resume vllm_engine}; do
     case $name in
-        logprob_probe) check logprob_probe "${PROBE_S:-60}" "$PY" benchmarks/logprob_probe.py ;;
-        main_job) check main_job "${MAIN_S:-120}" "$PY" -P -m bridges.train output_dir="$RUNS" progress=false ;;
-        gpu_smoke) check gpu_smoke "${SMOKE_S:-180}" "$PY" benchmarks/gpu_smoke.py ;;
-        trainer_memory) check trainer_memory "${MEMORY_S:-90}" "$PY" benchmarks/trainer_memory.py ;;
+        logprob_probe) check logprob_probe "${PROBE_S:-40}" "$PY" benchmarks/logprob_probe.py ;;
+        main_job) check main_job "${MAIN_S:-80}" "$PY" -P -m bridges.train output_dir="$RUNS" progress=false ;;
+        gpu_smoke) check gpu_smoke "${SMOKE_S:-120}" "$PY" benchmarks/gpu_smoke.py ;;
+        trainer_memory) check trainer_memory "${MEMORY_S:-60}" "$PY" benchmarks/trainer_memory.py ;;
+        generation_memory) check generation_memory "${GENERATION_S:-60}" "$PY" benchmarks/generation_memory.py ;;
+        fsdp_resume) check fsdp_resume "${FSDP_S:-60}" bash -c fsdp_resume ;;
+        vllm_engine) check vllm_engine "${VLLM_S:-60}" bash -c vllm_engine ;;
         *) echo "unknown check $name" ;;
     esac
     echo "--- $name"

@@ -121,6 +121,32 @@ def validate(config: TrainConfig, options: None = None) -> None:
             "backend=grpo does not run DeepSpeed; under accelerate launch use examples/accelerate/fsdp.yaml "
             "(FSDP2 shards what ZeRO-3 shards), or backend=trl, which runs accelerate's DeepSpeed configs."
         )
+    _check_engine_settings(config)
+    if config.resume:
+        ckpt_dir = Path(config.output_dir) / config.resolved_run_name / "checkpoints"
+        intact, damaged = intact_checkpoints(ckpt_dir)
+        if damaged and not intact:
+            raise no_intact_checkpoint(ckpt_dir, damaged)
+        if intact and is_adapter_checkpoint(intact[0]) != (t.lora_rank > 0):
+            kind = "a LoRA adapter" if is_adapter_checkpoint(intact[0]) else "full weights"
+            raise ConfigError(
+                f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={t.lora_rank}; "
+                "resume with the lora_rank the run was started with."
+            )
+        if intact:
+            processes = max(t.num_processes, launched_size())
+            check_strategy(intact[0], None, sharded=hardware_settings(config)[1] == "fsdp" and processes > 1)
+    if t.lora_rank > 0:
+        require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
+        check_lora_targets(config.model, t.lora_target_modules)
+
+
+def _check_engine_settings(config: TrainConfig) -> None:
+    """The engine, where it runs and what it runs beside, agree with each other, or one sentence."""
+    from bridges.runtime.errors import ConfigError, require_extra
+    from bridges.runtime.launch import launched_size
+
+    t = config.trainer
     if config.vllm.get("enable_sleep_mode") and (config.engine != "vllm" or t.num_batches_ahead != 0
                                                  or t.inference != "engine"):  # fmt: skip
         raise ConfigError(
@@ -143,23 +169,6 @@ def validate(config: TrainConfig, options: None = None) -> None:
             "trainer.rollout_process=true and trainer.num_processes>1 do not combine: each training process "
             "already rolls out beside the others; drop trainer.rollout_process."
         )
-    if config.resume:
-        ckpt_dir = Path(config.output_dir) / config.resolved_run_name / "checkpoints"
-        intact, damaged = intact_checkpoints(ckpt_dir)
-        if damaged and not intact:
-            raise no_intact_checkpoint(ckpt_dir, damaged)
-        if intact and is_adapter_checkpoint(intact[0]) != (t.lora_rank > 0):
-            kind = "a LoRA adapter" if is_adapter_checkpoint(intact[0]) else "full weights"
-            raise ConfigError(
-                f"resume=true but {intact[0].name} holds {kind} and trainer.lora_rank={t.lora_rank}; "
-                "resume with the lora_rank the run was started with."
-            )
-        if intact:
-            processes = max(t.num_processes, launched_size())
-            check_strategy(intact[0], None, sharded=hardware_settings(config)[1] == "fsdp" and processes > 1)
-    if t.lora_rank > 0:
-        require_extra("peft", "trl", "LoRA training (trainer.lora_rank > 0)")
-        check_lora_targets(config.model, t.lora_target_modules)
 
 
 # --------------------------------------------------------------------------------------------------
