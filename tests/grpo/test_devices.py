@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,28 +21,20 @@ FACTORIES = {"tensor", "zeros", "ones", "full", "empty", "arange", "rand", "rand
              "as_tensor", "Generator"}  # fmt: skip
 
 
-def tensors_without_a_device(path: Path) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
-            and not any(k.arg == "device" for k in node.keywords)
-        ):  # fmt: skip
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno} torch.{node.func.attr}(...)")
-    return found
+def flagged_calls(path: Path, describe: Callable[[ast.Call], str | None]) -> list[str]:
+    """``path:line what`` for every call in ``path`` that ``describe`` names (None: not flagged)."""
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {what}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and (what := describe(node)) is not None]  # fmt: skip
 
 
-def test_every_tensor_the_trainer_and_the_hf_engine_create_names_its_device():
-    missing = [line for path in CHECKED for line in tensors_without_a_device(path)]
-    assert not missing, "tensors created without device=:\n" + "\n".join(missing)
-
-
-def test_the_check_finds_a_tensor_without_a_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    code = tmp_path / "bad.py"
-    code.write_text("import torch\nx = torch.zeros(3, dtype=torch.long)\ny = torch.ones(2, device=d)\n")
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert tensors_without_a_device(code) == ["bad.py:2 torch.zeros(...)"]
+def _factory_without_device(node: ast.Call) -> str | None:
+    func = node.func
+    if (
+        isinstance(func, ast.Attribute) and func.attr in FACTORIES and isinstance(func.value, ast.Name)
+        and func.value.id == "torch" and not any(k.arg == "device" for k in node.keywords)
+    ):  # fmt: skip
+        return f"torch.{func.attr}(...)"
+    return None
 
 
 @pytest.mark.parametrize(
@@ -77,29 +70,40 @@ THREADED = [*sorted((ROOT / "bridges" / "grpo").glob("*.py")), *sorted((ROOT / "
 UNBOUND_ALLOWED = {"self._process.join", "encode", "self._whole_parts", "reducer.barrier"}
 
 
-def unbound_thread_calls(path: Path) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to_thread"
-            and node.args and not (isinstance(node.args[0], ast.Call) and ast.unparse(node.args[0].func) == "bound")
-            and ast.unparse(node.args[0]) not in UNBOUND_ALLOWED
-        ):  # fmt: skip
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.args[0])}")
-    return found
+def _unbound_thread_entry(node: ast.Call) -> str | None:
+    if not (isinstance(node.func, ast.Attribute) and node.func.attr == "to_thread" and node.args):
+        return None
+    entry = node.args[0]
+    if isinstance(entry, ast.Call) and ast.unparse(entry.func) == "bound":
+        return None
+    return None if ast.unparse(entry) in UNBOUND_ALLOWED else ast.unparse(entry)
 
 
-def test_every_worker_thread_of_the_trainer_binds_its_device_first():
-    missing = [line for path in THREADED for line in unbound_thread_calls(path)]
-    assert not missing, "asyncio.to_thread without bound(device, ...):\n" + "\n".join(missing)
+# what each scan checks, over which files, and a snippet it must flag exactly once
+SCANS = {
+    "device": (CHECKED, _factory_without_device, "tensors created without device=",
+               "import torch\nx = torch.zeros(3, dtype=torch.long)\ny = torch.ones(2, device=d)\n",
+               "bad.py:2 torch.zeros(...)"),
+    "thread": (THREADED, _unbound_thread_entry, "asyncio.to_thread without bound(device, ...)",
+               "async def f():\n    await asyncio.to_thread(train_step, 1)\n"
+               "    await asyncio.to_thread(bound(d, train_step), 1)\n", "bad.py:2 train_step"),
+}  # fmt: skip
 
 
-def test_the_thread_check_finds_an_unbound_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    code = tmp_path / "bad.py"
-    code.write_text("async def f():\n    await asyncio.to_thread(train_step, 1)\n"
-                    "    await asyncio.to_thread(bound(d, train_step), 1)\n")  # fmt: skip
+@pytest.mark.parametrize("scan", sorted(SCANS))
+def test_the_trainer_and_the_hf_engine_pass_the_scan(scan: str):
+    """device: every tensor they create names its device; thread: every worker thread binds its device first."""
+    paths, describe, problem, _, _ = SCANS[scan]
+    missing = [line for path in paths for line in flagged_calls(path, describe)]
+    assert not missing, f"{problem}:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("scan", sorted(SCANS))
+def test_the_scan_finds_what_it_looks_for(scan: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    _, describe, _, code, expected = SCANS[scan]
+    (tmp_path / "bad.py").write_text(code)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert unbound_thread_calls(code) == ["bad.py:2 train_step"]
+    assert flagged_calls(tmp_path / "bad.py", describe) == [expected]
 
 
 def test_a_real_run_binds_every_worker_thread_to_the_trainers_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
