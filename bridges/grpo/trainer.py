@@ -33,7 +33,8 @@ Included
 - Rollouts in the trainer's process, or (``rollout_process=true``, one CPU process) in a child process
   that takes new weights through shared memory, so on a CPU generation overlaps training for real,
   or (``inference=server``) on ``bridges.serve`` servers the trainer pushes each step's weights to
-  over HTTP, a group pinned to one server (``server_rollouts.py``).
+  (an HTTP body, or broadcasts over NCCL/gloo: ``push_channels.py``), a group pinned to one server
+  (``server_rollouts.py``).
 - Failure isolation from ``workflows``: a failed rollout is a masked group member, a group with no
   reward variance or < 2 valid members contributes no gradient; both are counted.
 - Checkpoints (weights/adapter, fp32 trained tensors, optimizer, scheduler, step, data position, RNG)
@@ -47,8 +48,6 @@ Left out, on purpose
   they are policy choices a user can add in the environment's rubric or in a fork of this file.
 - Sequence packing, tensor and pipeline parallelism, DeepSpeed: the loop stays readable; FSDP2 shards
   what ZeRO-3 shards, and models that need more than sharding belong on verl.
-- Weights to servers over NCCL: a push is one HTTP body (safetensors; a LoRA adapter as its factors),
-  which on one node costs a copy through host memory that an NCCL broadcast would not.
 """
 
 from __future__ import annotations
