@@ -121,6 +121,7 @@ class VLLMEngine:
         self._open = asyncio.Event()  # cleared while weights change: generate waits at it
         self._open.set()
         self._asleep = False
+        self._waking = asyncio.Lock()
 
     @classmethod
     def from_pretrained(cls, model: str, *, lora_rank: int = 0, **engine_args: Any) -> VLLMEngine:
@@ -163,6 +164,8 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         await self._open.wait()  # no request enters vLLM while weights change
+        if self._asleep:  # a step that did not update the weights leaves the engine asleep
+            await self._wake()
         version = self.weight_version
         final = None
         async for output in self.llm.generate(
@@ -184,14 +187,16 @@ class VLLMEngine:
         ``version`` numbers the update. Wakes a sleeping engine first."""
         self._open.clear()
         try:
-            if self._asleep:
-                await self.llm.wake_up()
-                self._asleep = False
+            await self._wake()
             if self._lora and policy is not None:
                 self._hot_load_adapter(policy)
             else:
                 await self._load_paused(state_dict)
             self.weight_version = self.weight_version + 1 if version is None else version
+        except EngineError:
+            raise
+        except Exception as exc:  # vLLM's own failure, as one sentence for the trainer to end on
+            raise EngineError(f"vLLM failed to take new weights: {type(exc).__name__}: {exc}") from exc
         finally:
             self._open.set()
 
@@ -221,6 +226,12 @@ class VLLMEngine:
             )
         finally:
             await self.llm.resume_generation()
+
+    async def _wake(self) -> None:
+        async with self._waking:  # concurrent requests wake it once
+            if self._asleep:
+                await self.llm.wake_up()
+                self._asleep = False
 
     async def asleep(self) -> None:
         """Offload the engine (vLLM's sleep mode, level 1: weights to host memory, KV cache freed) while

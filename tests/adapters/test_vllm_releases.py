@@ -88,6 +88,9 @@ async def test_a_refused_prefix_cache_reset_is_never_ignored(release: str, hf: A
     assert llm.calls[-1] == "resume" and engine.weight_version == 1  # generation resumed; version not advanced
     [sample] = await engine.generate([5, 6], SamplingParams(max_tokens=3))
     assert sample.weight_version == 1
+    with pytest.raises(EngineError, match=r"^vLLM failed to take new weights: AssertionError: unknown parameter names"):
+        await engine.aupdate_weights({"no.such.weight": torch.zeros(1)})  # the worker's load_weights raises
+    assert llm.calls[-1] == "resume" and engine.weight_version == 1
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -100,6 +103,11 @@ async def test_sleep_mode_offloads_until_the_next_update(release: str, hf: Any, 
     assert not llm.asleep and llm.calls == ["sleep", "wake", "pause:wait", "load", "reset", "resume"]
     [sample] = await engine.generate([5, 6], SamplingParams(max_tokens=3))
     assert sample.weight_version == 1
+    # a step that was skipped pushes nothing: the next requests wake the engine themselves, once
+    await engine.asleep()
+    llm.calls = []
+    results = await asyncio.gather(*(engine.generate([5, 6], SamplingParams(max_tokens=3)) for _ in range(4)))
+    assert llm.calls == ["wake"] and not llm.asleep and {s.weight_version for [s] in results} == {1}
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
