@@ -77,6 +77,16 @@ def test_trainer_memory_prints_its_ratios_at_a_small_shape():
     assert fields["worst_floor_ratio"] == max(fields["full_bf16_ratio"], fields["lora_fp32_ratio"])
 
 
+def test_generation_memory_prints_its_ratio_at_a_small_shape():
+    """One decoder layer at Qwen2.5-0.5B's width and vocabulary, 4 rows: the floor ratio and linear growth."""
+    out = _run(str(ROOT / "benchmarks/generation_memory.py"), "--layers", "1", "--rows", "4", "--prompt", "8",
+               "--lengths", "8,16,32")  # fmt: skip
+    fields = _fields(out.strip().splitlines()[-1])
+    assert {"ratio_8", "ratio_16", "ratio_32"} <= set(fields)
+    assert 1.0 <= fields["gen_peak_floor_ratio"] < 1.5  # below 1 would mean a counting bug
+    assert 0.8 < fields["growth_ratio"] < 1.5  # linear in the length
+
+
 def test_v1_rollouts_prints_its_figures_at_a_small_shape():
     """Without uv on PATH (CI), verifiers' own path is n/a and said so; ours and the native task run."""
     import os
