@@ -65,9 +65,12 @@ def _on_each_node(ray: Any, function: Any, *args: Any) -> list[tuple[dict[str, A
              .remote(*args)) for node in ray.nodes() if node.get("Alive")]  # fmt: skip
 
 
-def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S) -> int:
+def check_nodes(
+    env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S
+) -> list[int]:
     """Every alive node of the cluster at ``RAY_ADDRESS`` imports ``modules`` under ``env`` (the job's
-    runtime environment), or ``ConfigError`` naming the first that does not. Returns the node count."""
+    runtime environment), or ``ConfigError`` naming the first that does not. Returns the GPU resources
+    each node declares (what verl's resource pool will count; ``placement.gpu_layout`` reads them)."""
     with _joined(env) as ray:
         pending = _on_each_node(ray, _importable, modules)
         for node, ref in pending:
@@ -78,7 +81,7 @@ def check_nodes(env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: f
                     "and verl on every node of the cluster (the same versions), or put the project on a path "
                     "every node shares and in PYTHONPATH."
                 )
-        return len(pending)
+        return [int(node.get("Resources", {}).get("GPU", 0)) for node, _ in pending]
 
 
 def _reachable(address: str) -> None:

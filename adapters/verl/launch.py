@@ -28,6 +28,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bridges.adapters.verl.placement import (
+    GpuLayout,
+    attention,
+    check_batch_fits,
+    gpu_layout,
+    placement_overrides,
+    rollout_name,
+)
 from bridges.runs.backends import Backend
 from bridges.runs.config import check_passthrough
 from bridges.runs.train_config import TrainConfig, completion_budget, shared_keys
@@ -91,78 +99,17 @@ def prompt_budget(env: Any, tokenizer: Any) -> int:
 
 
 PLUGIN = "bridges.adapters.verl.plugin"
-CPU_MICRO_BATCH = 256
-
-
-def visible_gpus(config: TrainConfig) -> int:
-    """GPUs verl will use: those torch sees, or none when ``verl.trainer.device=cpu`` asks for the CPU."""
-    import torch
-
-    return 0 if flatten(config.verl).get("trainer.device") == "cpu" else torch.cuda.device_count()
-
-
-def rollout_name(config: TrainConfig, gpus: int) -> str:
-    """``engine=`` as verl's rollout: hf (transformers, this project's backend) or vllm; auto picks vllm
-    only where it can run (a GPU and the package)."""
-    import importlib.util
-
-    if config.engine == "auto":
-        return "vllm" if gpus > 0 and importlib.util.find_spec("vllm") is not None else "hf"
-    return config.engine
-
-
-def placement_overrides(config: TrainConfig, gpus: int) -> dict[str, Any]:
-    """Devices and parallelism. verl's default rollout tensor parallelism (2) asserts on one GPU, so it
-    is what the visible GPUs allow; without a GPU, the overrides verl needs to train on the CPU (the
-    platform and patches come from the plugin, ``BRIDGES_VERL_CPU``)."""
-    rollout = rollout_name(config, gpus)
-    keys: dict[str, Any] = {
-        "actor_rollout_ref.rollout.name": rollout,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2
-        if rollout == "vllm" and gpus % 2 == 0
-        else 1,
-        "trainer.n_gpus_per_node": max(1, gpus),
-    }
-    if gpus == 0:
-        if not os.environ.get("RAY_ADDRESS"):  # a cluster already running has its resources (ray start)
-            keys |= {
-                "+ray_kwargs.ray_init.num_gpus": 1,  # verl counts only GPU resources: one logical slot
-                "ray_kwargs.ray_init.num_cpus": max(4, os.cpu_count() or 1),
-            }
-        keys |= {
-            "trainer.device": "cpu",
-            "actor_rollout_ref.actor.strategy": "fsdp2",  # FSDP1 insists on syncing module states on a device
-            "actor_rollout_ref.ref.strategy": "fsdp2",
-            "actor_rollout_ref.model.use_remove_padding": False,  # needs flash-attn's varlen kernels
-            "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
-            "actor_rollout_ref.rollout.agent.num_workers": 1,
-            "reward.num_workers": 1,
-            "data.dataloader_num_workers": 0,
-            # the hf rollout computes logprobs with the actor's own model and dtype (measured difference
-            # < 3e-4), so they serve as the old logprobs and verl skips recomputing them
-            "algorithm.rollout_correction.bypass_mode": True,
-            # one CPU "device" holds the whole batch of a small model: fewer, larger passes (measured on
-            # the default task: update_actor 1.7 s -> 0.9 s per step at 16 x 16 rollouts)
-            **{
-                key: min(CPU_MICRO_BATCH, config.trainer.batch_size * config.trainer.group_size)
-                for key in (
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                )
-            },
-        }
-    return keys
 
 
 def launch_env(gpus: int, run_dir: Path) -> dict[str, str]:
     """What every verl process needs: our plugin (``VERL_USE_EXTERNAL_MODULES``; on a CPU it selects the
     CPU platform), the Python path to import it, where verl's file logger writes, and every ``BRIDGES_*``
-    variable of this process (the cache folder of the tiny models among them)."""
+    variable of this process (the cache folder of the tiny models among them) but ``BRIDGES_VERL_CPU``,
+    which is set here exactly when the run chose CPU mode."""
     from bridges.adapters.verl.run_files import NATIVE_METRICS
 
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN]
-    env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_") and k != "BRIDGES_VERL_CPU"}
     env |= {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath(),
             "VERL_FILE_LOGGER_PATH": str(run_dir / NATIVE_METRICS)}  # fmt: skip
     if gpus == 0:
@@ -196,7 +143,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
 
 
 def overrides(
-    config: TrainConfig, files: dict[str, Path], lengths: tuple[int, int], model_path: str, gpus: int
+    config: TrainConfig, files: dict[str, Path], lengths: tuple[int, int], model_path: str, layout: GpuLayout
 ) -> dict[str, Any]:
     """The shared keys as verl hydra overrides, then ``verl.*`` on top (``lengths``: prompt, response)."""
     t = config.trainer
@@ -242,8 +189,7 @@ def overrides(
         "trainer.experiment_name": config.resolved_run_name,
         "trainer.logger": ["console", "file"] + ([] if config.report_to == "none" else [config.report_to]),
         "trainer.use_v1": False,
-        "trainer.nnodes": 1,
-        **placement_overrides(config, gpus),
+        **placement_overrides(config, layout, model_path),
     }
     if t.lora_rank > 0:
         keys["actor_rollout_ref.model.lora_rank"] = t.lora_rank
@@ -252,8 +198,11 @@ def overrides(
     return {**keys, **flatten(config.verl)}
 
 
-def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, str]]:
-    """Write the data and the loop registration; return the command, the files and the environment."""
+def prepare(
+    config: TrainConfig, cluster_gpus: list[int] | None = None
+) -> tuple[list[str], dict[str, Path], dict[str, str]]:
+    """Write the data and the loop registration; return the command, the files and the environment.
+    ``cluster_gpus``: the GPUs each node of a running Ray cluster declares (``placement.gpu_layout``)."""
     from transformers import AutoTokenizer
 
     from bridges.adapters.verl.dataset import write_verl_parquet
@@ -269,7 +218,9 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, 
             env, split, run_dir / "verl" / f"{split}.parquet", data_source=config.env, agent_name=name
         )
     model_path = resolve_model_path(config.model)
-    gpus = visible_gpus(config)
+    layout = gpu_layout(config, cluster_gpus)
+    check_batch_fits(config, layout)
+    gpus = layout.gpus_per_node
     provenance = {"backend": "verl", "engine": rollout_name(config, gpus), "model": config.model,
                   "env_id": config.env, "env_args": config.env_args, "seed": config.seed}  # fmt: skip
     registration = [{"name": name, "_target_": AGENT_LOOP_TARGET, "env_id": config.env, "env_args": config.env_args,
@@ -278,7 +229,7 @@ def prepare(config: TrainConfig) -> tuple[list[str], dict[str, Path], dict[str, 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = prompt_budget(env, tokenizer), completion_budget(config, env)
     variables = launch_env(gpus, run_dir)
-    keys = {**ray_runtime_env(variables), **overrides(config, files, lengths, str(model_path), gpus)}
+    keys = {**ray_runtime_env(variables), **overrides(config, files, lengths, str(model_path), layout)}
     command = [
         sys.executable,
         "-m",
@@ -330,9 +281,10 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     from bridges.runs.preflight import check_model
 
     check_model(config.model)
-    gpus = visible_gpus(config)
+    layout = gpu_layout(config)  # this machine's view; a running cluster's is read when the run joins it
+    gpus = layout.gpus_per_node
     workers_key = "actor_rollout_ref.rollout.agent.num_workers"
-    workers = flatten(config.verl).get(workers_key, placement_overrides(config, gpus).get(workers_key))
+    workers = flatten(config.verl).get(workers_key, 1 if gpus == 0 else None)
     workers = int(verl_defaults().get(workers_key) or 1) if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"verl.{workers_key} must be a whole number of at least 1, got {workers!r}.")
@@ -342,6 +294,9 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
             f"workers ({workers_key}), so a group's rollouts could land in two workers and not be scored "
             "together; change either."
         )
+    if os.environ.get("RAY_ADDRESS"):  # the cluster's GPUs are read when the run joins it (run())
+        return
+    check_batch_fits(config, layout)
     if config.engine == "vllm" and gpus == 0:
         raise ConfigError(
             "engine=vllm needs a GPU and none is visible; use engine=hf (or auto) for verl on a CPU."
@@ -369,11 +324,13 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     from bridges.adapters.verl.run_files import cut_back
     from bridges.runs.metrics import StepProgress
 
-    command, files, env = prepare(config)
+    cluster_gpus = None
     if os.environ.get("RAY_ADDRESS"):  # a running cluster: every node must import the plugin
         from bridges.adapters.verl.cluster import check_nodes
 
-        check_nodes(env)
+        cluster_gpus = check_nodes(launch_env(1, Path(config.output_dir).resolve() / config.resolved_run_name))
+    command, files, env = prepare(config, cluster_gpus)
+    print(attention(gpu_layout(config, cluster_gpus).gpus_per_node)[1], flush=True)
     run_dir = files["run_dir"]
     resume_step = cut_back(run_dir, config.resume)
     progress = StepProgress(config.progress, config.trainer.max_steps, resume_step, "verl")

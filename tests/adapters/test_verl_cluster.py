@@ -29,28 +29,28 @@ from bridges.runtime.launch import free_port  # noqa: E402
 
 pytest.importorskip("verl")
 SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8",
-         "progress=false"]  # fmt: skip
+         "progress=false", "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical  # fmt: skip
 
 
 def ray_command(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "ray"), *args]
 
 
-@pytest.fixture
-def cluster() -> Iterator[dict[str, str]]:
-    """A head (3 CPUs, 1 logical GPU: verl's resource pool counts GPUs) and a second raylet (2 CPUs), each
-    with its own temp folder (short: Ray's socket paths have a length limit); the environment to join it."""
+@contextlib.contextmanager
+def two_raylets(head_gpus: int, worker_gpus: int) -> Iterator[dict[str, str]]:
+    """A head (3 CPUs) and a second raylet (2 CPUs) declaring these GPU resources, each with its own temp
+    folder (short: Ray's socket paths have a length limit); the environment to join them."""
     mark = f"BRIDGES_TEST_CLUSTER={uuid.uuid4().hex}"
     root = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1]}
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     try:
-        subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", "1",
+        subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", str(head_gpus),
                                    "--include-dashboard=false", "--temp-dir", str(root / "head"), *common),
                        env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
         subprocess.run(ray_command("start", "--address", f"127.0.0.1:{port}", "--num-cpus", "2",
-                                   "--temp-dir", str(root / "worker"), *common),
+                                   "--num-gpus", str(worker_gpus), "--temp-dir", str(root / "worker"), *common),
                        env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
         yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
@@ -61,6 +61,13 @@ def cluster() -> Iterator[dict[str, str]]:
         while processes_marked(mark) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not processes_marked(mark)  # both raylets and every worker they started are gone
+
+
+@pytest.fixture
+def cluster() -> Iterator[dict[str, str]]:
+    """A CPU cluster for verl: the head declares one logical GPU (verl's resource pool counts GPUs)."""
+    with two_raylets(head_gpus=1, worker_gpus=0) as env:
+        yield env
 
 
 @pytest.mark.slow
@@ -85,7 +92,7 @@ def test_a_node_without_the_project_or_a_dead_address_is_one_sentence(cluster: d
 
     for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
         monkeypatch.setenv(key, cluster[key])
-    assert check_nodes({}) == 2
+    assert check_nodes({}) == [1, 0] or check_nodes({}) == [0, 1]  # the head's logical GPU, the worker's none
     with pytest.raises(ConfigError, match=r"^Ray node \S+ \(\w+\) cannot import missing_here: install rl-bridges"):
         check_nodes({}, modules=("bridges", "missing_here"))
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
@@ -103,3 +110,25 @@ def test_a_nodes_own_traces_are_taken_unless_it_shares_the_drivers_folder(tmp_pa
     assert _take_remote_traces(str(tmp_path), ".gather-y") == '{"a": 1}\n{"a": 2}\n'  # another node's disk
     assert not (tmp_path / "traces.jsonl").exists()
     assert _take_remote_traces(str(tmp_path / "none"), ".gather-y") == ""
+
+
+def test_gpus_are_counted_on_the_cluster_not_on_a_head_without_any(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The driver runs on a head with no GPU resource and the second raylet declares one: verl gets one
+    GPU on one node, not CPU mode, and a stale BRIDGES_VERL_CPU in the shell does not travel."""
+    from bridges.adapters.verl.cluster import check_nodes
+    from bridges.adapters.verl.launch import prepare
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig
+
+    with two_raylets(head_gpus=0, worker_gpus=1) as env:
+        for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
+            monkeypatch.setenv(key, env[key])
+        monkeypatch.setenv("BRIDGES_VERL_CPU", "1")
+        gpus = check_nodes({})
+    assert sorted(gpus) == [0, 1]
+    config = parse_config(TrainConfig, [*SMALL[:-1], f"output_dir={tmp_path}", "engine=hf"])
+    command, _, variables = prepare(config, gpus)
+    keys = dict(arg.split("=", 1) for arg in command[3:])
+    assert keys["trainer.n_gpus_per_node"] == "1" and keys["trainer.nnodes"] == "1"
+    assert "trainer.device" not in keys and "BRIDGES_VERL_CPU" not in variables
+    assert not any("BRIDGES_VERL_CPU" in key for key in keys)  # nor in the job's runtime environment

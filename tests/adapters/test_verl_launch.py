@@ -70,3 +70,77 @@ def test_the_plugin_tells_verl_trl_is_there_only_when_it_has_the_value_head_clas
     assert plugin.trl_has_value_head() is hasattr(trl, "AutoModelForCausalLMWithValueHead")
     assert import_utils.is_trl_available is plugin.trl_has_value_head
     assert import_utils.is_trl_available() is False  # trl 1.x (our [dev] set) dropped the class verl imports
+
+
+def validated(cfg: Any) -> None:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash-attn", "no-flash-attn"])
+def test_attention_and_remove_padding_are_chosen_together(flash: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Packed rows (remove-padding) need flash-attention's varlen kernels: under sdpa they would attend
+    across sequences. Where flash_attn does not import, both are switched off together."""
+    import importlib.util
+
+    from bridges.adapters.verl import placement
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(placement.importlib.util, "find_spec",
+                        lambda name, *a: (object() if flash else None) if name == "flash_attn" else real(name, *a))  # fmt: skip
+    cfg, env = composed(tmp_path, 8, monkeypatch)
+    validated(cfg)
+    model = cfg.actor_rollout_ref.model
+    assert model.use_remove_padding is flash and cfg.actor_rollout_ref.actor.use_remove_padding is flash
+    assert model.override_config.attn_implementation == ("flash_attention_2" if flash else "sdpa")
+    sentence = placement.attention(8)[1]
+    assert sentence.startswith("verl attention: " + ("flash_attention_2 with" if flash else "sdpa without"))
+    # on GPUs: micro-batches cut by tokens, and no CPU mode
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz and cfg.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz
+    assert "BRIDGES_VERL_CPU" not in env and cfg.trainer.device == "cuda"
+
+
+def test_a_stale_cpu_flag_in_the_shell_is_not_forwarded_to_a_gpu_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("BRIDGES_VERL_CPU", "1")
+    _, env = composed(tmp_path, 8, monkeypatch)
+    assert "BRIDGES_VERL_CPU" not in env
+    _, env = composed(tmp_path, 0, monkeypatch)
+    assert env["BRIDGES_VERL_CPU"] == "1"
+
+
+def test_rollout_tensor_parallelism_is_one_below_about_7b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    from bridges.adapters.verl.placement import parameter_count
+    from bridges.models.tiny import resolve_model_path
+
+    cfg, _ = composed(tmp_path, 8, monkeypatch, "engine=vllm")
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 1 and rollout_fits(cfg)
+    big = tmp_path / "seven_b"  # Qwen2.5-7B's shape, config only: nothing is loaded
+    big.mkdir()
+    tiny = json.loads((Path(resolve_model_path("tiny")) / "config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**tiny, "hidden_size": 3584, "num_hidden_layers": 28,
+                                                 "intermediate_size": 18944, "vocab_size": 152064, "num_attention_heads": 28,
+                                                 "num_key_value_heads": 4, "head_dim": 128, "tie_word_embeddings": False}))  # fmt: skip
+    assert 7.0e9 < parameter_count(str(big)) < 8.0e9
+    from bridges.adapters.verl.placement import GpuLayout, placement_overrides
+
+    config = parse_config(TrainConfig, ["backend=verl", "engine=vllm"])
+    assert placement_overrides(config, GpuLayout(8, 1, "test"), big)["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 2
+    assert placement_overrides(config, GpuLayout(3, 1, "test"), big)["actor_rollout_ref.rollout.tensor_model_parallel_size"] == 1
+
+
+def test_rollouts_that_do_not_divide_among_the_gpus_are_one_sentence(monkeypatch: pytest.MonkeyPatch, capsys):
+    import torch
+
+    from bridges.runs.config import run_cli
+    from bridges.train import main
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 6)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, ["backend=verl", "trainer.batch_size=8", "trainer.group_size=4", "dry_run=true"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "32 rollouts per step do not divide among verl's 6 GPUs (6 per node x 1 node(s), from this machine)" in err
