@@ -5,7 +5,8 @@ GPU its trainer cannot sample at all, and on a GPU there is no slow-but-simple p
 against. This backend plugs into verl's own registries (``RolloutReplicaRegistry`` and the async
 ``BaseRollout`` table) and implements the contract verl's other servers do:
 - ``HFReplica.launch_servers`` starts one ``HFRolloutServer`` Ray actor per replica, named so the
-  trainer-side adapter can find it;
+  trainer-side adapter can find it, on the node of the replica's first worker and computing on that
+  worker's GPU (``replica_device``; the CPU in CPU mode);
 - ``HFRolloutServer.generate`` answers verl's token-in/token-out call (``prompt_ids`` +
   ``sampling_params`` -> ``TokenOutput`` with one logprob per sampled id) from our transformers
   engine, and takes the lifecycle calls verl makes around weight syncs (all no-ops: nothing to page out);
@@ -62,9 +63,10 @@ class HFRolloutServer:
     Also usable in-process wherever verl's server client is expected (``bridges.compare``, tests); the
     engine is created on first use, so an instance pickles into verl's Ray workers."""
 
-    def __init__(self, model_path: str, response_length: int = 1 << 30) -> None:
+    def __init__(self, model_path: str, response_length: int = 1 << 30, device: str = "auto") -> None:
         self.model_path = model_path
         self.response_length = response_length
+        self.device = device  # the replica's own GPU (replica_device), or the CPU
         self.global_steps = 0
         self._engine: Any = None
 
@@ -73,7 +75,7 @@ class HFRolloutServer:
         if self._engine is None:
             from bridges.adapters.hf import HFEngine
 
-            self._engine = HFEngine.from_pretrained(self.model_path)
+            self._engine = HFEngine.from_pretrained(self.model_path, device=self.device)
         return self._engine
 
     def __getstate__(self) -> dict[str, Any]:
@@ -122,23 +124,53 @@ class HFRolloutServer:
         self.global_steps = global_steps
 
 
+def replica_device(accelerator_ids: list[str]) -> str:
+    """Where a replica's server computes: the GPU of the replica's first worker (Ray's accelerator id on
+    that node; the server sees every GPU of the node, as verl's own servers do), or the CPU when its
+    workers hold none. Each replica on its own GPU: without this every server took cuda:0."""
+    return f"cuda:{int(accelerator_ids[0])}" if accelerator_ids else "cpu"
+
+
+async def _first_worker_place(workers: list[Any]) -> tuple[str | None, list[str]]:
+    """The node id and the GPU ids of a replica's first worker (None, [] with no workers: standalone)."""
+    if not workers:
+        return None, []
+    import ray
+
+    def where(_: Any) -> tuple[str, list[str]]:
+        context = ray.get_runtime_context()
+        return context.get_node_id(), list(context.get_accelerator_ids().get("GPU", []))
+
+    node, gpus = await workers[0].__ray_call__.remote(where)
+    return str(node), [str(g) for g in gpus]
+
+
 class HFReplica(RolloutReplica):
-    """verl's ``RolloutReplica`` for ``rollout.name=hf``: one server actor, addressed by name."""
+    """verl's ``RolloutReplica`` for ``rollout.name=hf``: one server actor, addressed by name, on its
+    first worker's node and GPU."""
 
     async def launch_servers(self) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         from verl.plugin.platform import get_platform
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
+
+        from bridges.adapters.verl.plugin import CPU_FLAG  # set in every verl process exactly in CPU mode
 
         name = server_name(self.replica_rank)
         # verl types it HFModelConfig and hands over the DictConfig: resolved here (a local copy of the path)
         model = omega_conf_to_dataclass(cast(Any, self.model_config), dataclass_type=HFModelConfig)
         env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}  # see the GPUs, if any
+        # CPU mode declares one logical GPU for verl's resource pool: its id names no device
+        node, gpus = await _first_worker_place(list(self.workers))
+        placement = {} if node is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
         server: Any = (
             ray.remote(HFRolloutServer)
-            .options(name=name, max_concurrency=self.max_concurrency, runtime_env={"env_vars": env_vars}, num_cpus=0)
-            .remote(model_path=str(model.local_path), response_length=int(self.config.response_length))
+            .options(name=name, max_concurrency=self.max_concurrency, runtime_env={"env_vars": env_vars}, num_cpus=0,
+                     **placement)
+            .remote(model_path=str(model.local_path), response_length=int(self.config.response_length),
+                    device="cpu" if os.environ.get(CPU_FLAG) == "1" else replica_device(gpus))
         )  # fmt: skip
         self.servers = [server]
         self._server_handle = server

@@ -37,7 +37,9 @@ def test_main_ppo_trains_two_steps_then_resumes_for_a_third(tmp_path: Path, capf
     assert [line for line in out.splitlines() if line.startswith("step ")] == [
         line for line in out.splitlines() if re.fullmatch(r"step [12]: reward=[\d.]+ loss=-?[\d.]+", line)
     ]
-    assert len(out.splitlines()) == 6, out  # template check, where verl's log is, 2 steps, reward, files
+    # template check, the attention choice, where verl's log is, 2 steps, reward, files
+    assert len(out.splitlines()) == 7, out
+    assert out.splitlines()[1] == "verl attention: sdpa without remove-padding (no GPU)"
     assert (run / "checkpoints" / "global_step_2").is_dir()
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     first = lines(run / "metrics.jsonl")
