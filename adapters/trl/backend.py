@@ -33,12 +33,12 @@ TRL_METRIC_NAMES = {
 }  # fmt: skip
 
 
-# TRL runs its own generation and step: no importance-ratio cap, no pipelining, no rollout process; its
-# rollout_func runs each batch's groups with the environment's own concurrency. Several processes are
-# accelerate's data parallelism (FSDP and DeepSpeed through TRL's own accelerate config); the logprob
-# computation is TRL's.
+# TRL runs its own generation and step: no pipelining, no rollout process; its rollout_func runs each
+# batch's groups with the environment's own concurrency. Several processes are accelerate's data
+# parallelism (FSDP and DeepSpeed through TRL's own accelerate config); the logprob computation is TRL's.
+# The ratio cap is TRL's ``delta`` (two-sided truncation of the ratio, as the bundled trainer's).
 HONOURED_KEYS = shared_keys() - {
-    "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
+    "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
     "trainer.strategy", "trainer.logprob_chunk_tokens",
 }  # fmt: skip
 
@@ -64,7 +64,9 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
     kwargs: dict[str, Any] = {
         "output_dir": str(run_dir),
         "max_steps": t.max_steps,
-        "per_device_train_batch_size": t.batch_size // processes * t.group_size,  # whole groups per process
+        # TRL generates per_device x processes x grad_accum sequences per optimizer step: the step's
+        # batch_size x group_size rollouts are split over both, as the bundled trainer splits them
+        "per_device_train_batch_size": t.batch_size * t.group_size // (processes * t.grad_accum_steps),
         "num_generations": t.group_size,
         "gradient_accumulation_steps": t.grad_accum_steps,
         "learning_rate": config.resolved_learning_rate,
@@ -94,7 +96,23 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
     }
     if t.epsilon_high is not None:
         kwargs["epsilon_high"] = t.epsilon_high
-    return {**kwargs, **config.trl}
+    if t.ratio_cap is not None:
+        kwargs["delta"] = t.ratio_cap
+    return {**kwargs, **generation_settings(config, where), **config.trl}
+
+
+def generation_settings(config: TrainConfig, where: Any) -> dict[str, Any]:
+    """Which engine TRL generates with, from ``engine=``: vLLM (``use_vllm``, colocated, or on TRL's
+    server when ``trl.vllm_server_base_url`` is given, as TRL documents) for ``vllm``, and for ``auto``
+    on a GPU where vLLM is installed; TRL's own transformers generation otherwise."""
+    import importlib.util
+
+    wants = config.engine == "vllm" or (
+        config.engine == "auto" and where.device.type == "cuda" and importlib.util.find_spec("vllm") is not None
+    )
+    if not wants:
+        return {}
+    return {"use_vllm": True, "vllm_mode": "server" if config.trl.get("vllm_server_base_url") else "colocate"}
 
 
 def build_grpo_config(kwargs: dict[str, Any]) -> Any:
@@ -153,12 +171,46 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
         )
     if config.trainer.lora_rank > 0:
         check_lora_targets(config.model, config.trainer.lora_target_modules)
-    if config.engine not in ("auto", "hf"):
-        raise ConfigError(
-            f"backend=trl generates with TRL's own engine; set trl.use_vllm=true for vLLM instead of engine={config.engine}."
-        )
+    check_generation(config)
     env = load_environment(config.env, **config.env_args)
+    check_fsdp_generation(config, env)
     build_grpo_config(grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name))
+
+
+def check_generation(config: TrainConfig) -> None:
+    """The batch splits into TRL's micro-batches, and ``engine=vllm`` can run here, or one sentence."""
+    import importlib.util
+
+    t = config.trainer
+    processes = max(t.num_processes, launched_size())
+    if (t.batch_size * t.group_size) % (processes * t.grad_accum_steps):
+        raise ConfigError(
+            f"trainer.batch_size x trainer.group_size = {t.batch_size * t.group_size} rollouts per step do not split "
+            f"into {processes} process(es) x trainer.grad_accum_steps={t.grad_accum_steps} equal micro-batches; "
+            "change one of them."
+        )
+    remote = bool(config.trl.get("vllm_server_base_url"))
+    if config.engine == "vllm" and not remote and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("engine=vllm with backend=trl runs vLLM in this process: pip install 'rl-bridges[vllm]', "
+                          "or give trl.vllm_server_base_url of a running trl vllm-serve.")  # fmt: skip
+
+
+def check_fsdp_generation(config: TrainConfig, env: Any) -> None:
+    """Under accelerate's FSDP, a multi-turn environment generating through the trained model itself
+    (no vLLM) would run unsharded forwards on sharded parameters, a different number on each process,
+    so the all-gathers fall out of step: refused in one sentence (ZeRO-3 and DDP are fine)."""
+    from bridges.adapters.trl import needs_rollout_func
+    from bridges.models.hardware import placement
+    from bridges.runtime.launch import accelerate_settings
+
+    uses_vllm = {**generation_settings(config, placement(config.trainer.device, config.trainer.dtype)),
+                 **config.trl}.get("use_vllm", False)  # fmt: skip
+    if accelerate_settings().get("strategy") == "fsdp" and not uses_vllm and needs_rollout_func(env):
+        raise ConfigError(
+            f"backend=trl under accelerate's FSDP cannot run {config.env}'s turns on the model it trains (each "
+            "process would gather shards a different number of times); use vLLM (engine=vllm), or a DDP or "
+            "DeepSpeed ZeRO-3 accelerate config."
+        )
 
 
 def run(config: TrainConfig, options: dict[str, Any]) -> int:

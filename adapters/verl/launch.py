@@ -46,10 +46,10 @@ MICRO_BATCH_PER_GPU = (
     4  # sequences per forward pass on one GPU (verl.actor_rollout_ref.*.micro_batch... to change)
 )
 
-# verl's own trainer takes these from the shared keys (overrides()); accumulation, the ratio cap, the
-# generation pipeline, concurrency, the rollout process and LoRA dropout are verl.* settings of its own
+# verl's own trainer takes these from the shared keys (overrides()); accumulation, the generation
+# pipeline, concurrency, the rollout process and LoRA dropout are verl.* settings of its own
 HONOURED_KEYS = shared_keys() - {
-    "trainer.grad_accum_steps", "trainer.ratio_cap", "trainer.num_batches_ahead", "trainer.max_concurrent",
+    "trainer.grad_accum_steps", "trainer.num_batches_ahead", "trainer.max_concurrent",
     "trainer.rollout_process", "trainer.lora_dropout",
     # verl places, shards and checkpoints its own workers (verl.trainer.n_gpus_per_node, verl.actor_rollout_ref.*)
     "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
@@ -168,6 +168,7 @@ def overrides(
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": MICRO_BATCH_PER_GPU,
         "actor_rollout_ref.actor.clip_ratio_low": t.epsilon,
         "actor_rollout_ref.actor.clip_ratio_high": t.epsilon if t.epsilon_high is None else t.epsilon_high,
+        **ratio_cap_overrides(t.ratio_cap, layout.gpus_per_node > 0),
         "actor_rollout_ref.actor.use_kl_loss": t.beta > 0,
         "actor_rollout_ref.actor.kl_loss_coef": t.beta,
         "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"
@@ -196,6 +197,21 @@ def overrides(
         keys["actor_rollout_ref.model.lora_alpha"] = t.lora_alpha
         keys["actor_rollout_ref.model.target_modules"] = list(t.lora_target_modules)
     return {**keys, **flatten(config.verl)}
+
+
+def ratio_cap_overrides(cap: float | None, recomputed: bool) -> dict[str, Any]:
+    """``trainer.ratio_cap`` in verl's terms. The bundled trainer truncates the unclipped ratio at the cap,
+    which for a negative advantage is exactly verl's dual clip (``clip_ratio_c``; for a positive one PPO's
+    clip already binds lower). Where verl recomputes the old logprobs (GPUs) they differ from the
+    sampler's, and the same cap truncates that importance weight per token (``rollout_correction``); on
+    the CPU the sampler's logprobs are the old ones (bypass mode) and there is nothing to correct."""
+    if cap is None:
+        return {"actor_rollout_ref.actor.clip_ratio_c": 1e9}  # no truncation
+    keys: dict[str, Any] = {"actor_rollout_ref.actor.clip_ratio_c": cap}
+    if recomputed:
+        keys |= {"algorithm.rollout_correction.rollout_is": "token",
+                 "algorithm.rollout_correction.rollout_is_threshold": cap}  # fmt: skip
+    return keys
 
 
 def prepare(

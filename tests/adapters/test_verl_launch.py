@@ -144,3 +144,19 @@ def test_rollouts_that_do_not_divide_among_the_gpus_are_one_sentence(monkeypatch
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert "32 rollouts per step do not divide among verl's 6 GPUs (6 per node x 1 node(s), from this machine)" in err
+
+
+@pytest.mark.parametrize("gpus", [0, 8])
+def test_the_ratio_cap_is_verls_dual_clip_and_on_gpus_its_rollout_correction(
+    gpus: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    cfg, _ = composed(tmp_path, gpus, monkeypatch, "trainer.ratio_cap=2.5")
+    validated(cfg)
+    assert cfg.actor_rollout_ref.actor.clip_ratio_c == 2.5
+    correction = cfg.algorithm.rollout_correction
+    if gpus:  # old logprobs recomputed by verl: the sampler's mismatch truncated at the same cap
+        assert correction.rollout_is == "token" and correction.rollout_is_threshold == 2.5 and not correction.bypass_mode
+    else:  # the sampler's logprobs are the old ones
+        assert correction.rollout_is is None and correction.bypass_mode
+    cfg, _ = composed(tmp_path, gpus, monkeypatch, "trainer.ratio_cap=null")
+    assert cfg.actor_rollout_ref.actor.clip_ratio_c == 1e9 and cfg.algorithm.rollout_correction.rollout_is is None

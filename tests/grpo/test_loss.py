@@ -149,3 +149,28 @@ def test_env_and_tool_tokens_never_receive_gradient(loss_type):
     grad = logps.grad[0].tolist()
     # position t scores token t+1: sampled tokens 3,4,5 sit at positions 1,2,5
     assert [i for i, g in enumerate(grad) if g != 0.0] == [1, 2, 5]
+
+
+def test_the_ratio_cap_is_verls_dual_clip_exactly():
+    """backend=verl maps trainer.ratio_cap to clip_ratio_c: verl's own vanilla policy loss (token-mean over
+    one sequence) equals ours to the last bit, for a positive and a negative advantage, with ratios far
+    past the cap."""
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+    from verl.workers.config.actor import ActorConfig
+
+    from bridges.grpo.loss import LossConfig, policy_loss
+
+    verl_config = ActorConfig(strategy="fsdp", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=2.5,
+                              ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1)  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    old_1_T = torch.randn(1, 64, generator=generator) * 0.5 - 2
+    new_1_T = old_1_T + torch.randn(1, 64, generator=generator) * 1.5  # ratios up to e^4: well past 2.5
+    mask_1_T = torch.ones(1, 64)
+    assert float(torch.exp(new_1_T - old_1_T).max()) > 2.5
+    for advantage in (1.0, -1.0):
+        theirs, _ = compute_policy_loss_vanilla(old_1_T, new_1_T, torch.full((1, 64), advantage), mask_1_T,
+                                                "token-mean", verl_config)  # fmt: skip
+        ours = policy_loss(new_1_T, old_1_T, torch.tensor([advantage]), mask_1_T,
+                           LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, ratio_cap=2.5, beta=0.0))  # fmt: skip
+        assert float(ours.per_sample_B.sum()) == pytest.approx(float(theirs), abs=1e-7)
