@@ -2,7 +2,8 @@
 
 Inside an agent loop verl hands us ``server_manager``, whose ``generate(request_id, *, prompt_ids,
 sampling_params)`` is token-in/token-out and returns a ``TokenOutput`` (``token_ids``,
-``log_probs``, ``stop_reason``). One engine serves one trajectory: every turn goes out under the
+``log_probs``, ``stop_reason``; not the stop string vLLM matched, which is found again here). One
+engine serves one trajectory: every turn goes out under the
 same ``request_id``, so verl's load balancer keeps the conversation on one server (prefix cache).
 
 verl's own sampling settings (temperature, top-p/k, the ones its trainer recomputes logprobs
@@ -95,7 +96,18 @@ class VerlServerEngine:
             reason = "stop"  # a stop string ended it
         steps = (getattr(out, "extra_fields", None) or {}).get("global_steps")
         version = int(steps) if isinstance(steps, int) else self.weight_version  # the policy that sampled it
-        return Sample(token_ids, logprobs, reason, version)  # type: ignore[arg-type]
+        stop_str = self._stop_string(token_ids, params.stop) if reason == "stop" else None
+        return Sample(token_ids, logprobs, reason, version, stop_str)  # type: ignore[arg-type]
+
+    def _stop_string(self, token_ids: list[int], stops: list[str]) -> str | None:
+        """The stop string that ended the reply. verl's ``TokenOutput`` does not carry the one vLLM matched,
+        so it is found again in the decoded reply (the first to occur), and the client cuts the reply's
+        text there as it does on every other backend; the sampled ids stay whole."""
+        if not stops:
+            return None
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        found = [(text.find(stop), stop) for stop in stops if stop and stop in text]
+        return min(found)[1] if found else None
 
     async def aclose(self) -> None:
         """Nothing to release: the backend owns the server or client this engine talks to."""

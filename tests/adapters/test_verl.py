@@ -217,3 +217,29 @@ async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(tiny_pa
     assert await _first_worker_place([]) == (None, [])  # standalone: no workers, placed by Ray
     server = HFRolloutServer(str(tiny_path), device="cpu")
     assert str(server.engine.device) == "cpu"
+
+
+async def test_a_reply_ended_by_a_stop_string_is_cut_there_as_on_every_backend(tiny_tokenizer: Any):
+    """verl's TokenOutput drops the stop string vLLM matched; the engine finds it again in the reply, so
+    the client cuts the text at it (the sampled ids stay whole), as with the hf and vLLM engines."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    from bridges.adapters.verl.engine import VerlServerEngine
+    from bridges.client import EngineClient
+    from bridges.envs.types import SamplingParams
+
+    sampled = tiny_tokenizer.encode("yes. END", add_special_tokens=False)  # vLLM stops once "END" is out
+
+    class VllmServers:  # verl's server-manager seam, answering as its vLLM server does
+        async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict) -> Any:
+            assert sampling_params["stop"] == ["END", "never"]
+            return TokenOutput(token_ids=sampled, log_probs=[-0.5] * len(sampled), stop_reason="completed")
+
+    engine = VerlServerEngine(VllmServers(), tiny_tokenizer, base_sampling_params={"temperature": 1.0},
+                              response_length=64)  # fmt: skip
+    client = EngineClient(engine, model_name="tiny")
+    reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 stop=["END", "never"], max_tokens=32)  # fmt: skip
+    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].message.content == "yes. "
+    [sample] = await engine.generate([1, 2, 3], SamplingParams(stop=["END", "never"]))
+    assert sample.stop_str == "END" and sample.token_ids == sampled  # the ids stay whole
