@@ -17,8 +17,11 @@
 #      gpu_smoke's peak_over_resting is a train step's peak over its resting memory (goal <= 1.5);
 #   5. fsdp_resume: trainer.strategy=fsdp in bf16 through a save at step 2 and a resume to step 4 (one
 #      GPU: one process, so FSDP's sharding is a no-op and the bf16 checkpoint path is what runs);
-#   6. vllm_engine: the main job with engine=vllm, when vLLM imports (skipped otherwise).
-# Bounded in all to about 8 minutes on one H100/H200 (the defaults below sum to 480 s of timeouts).
+#   6. vllm_engine: the main job with engine=vllm, when vLLM imports (skipped otherwise);
+#   7. verl_backend / trl_backend: the main job's task on backend=verl (when verl imports) and backend=trl,
+#      a few steps each, wall time and reward beside the bundled trainer's main_job.
+# Bounded in all to about 10.5 minutes on one H100/H200 (the defaults below sum to 630 s of timeouts;
+# CHECKS picks fewer).
 set -u
 LOGS=${1:-gpu_logs}
 mkdir -p "$LOGS"
@@ -50,9 +53,14 @@ vllm_engine() {
     "$PY" -P -m bridges.train output_dir="$RUNS/vllm" progress=false engine=vllm trainer.max_steps=40 &&
         echo "vllm_engine=ok"
 }
-export -f fsdp_resume vllm_engine  # `timeout` runs them through bash -c
+other_backend() {  # other_backend NAME STEPS: the default task on another backend, a few steps
+    if [ "$1" = verl ] && ! "$PY" -c "import verl" 2>/dev/null; then echo "verl_backend=skipped (verl does not import)"; return 0; fi
+    "$PY" -P -m bridges.train output_dir="$RUNS/$1" progress=false backend="$1" trainer.max_steps="$2" &&
+        echo "${1}_backend=ok"
+}
+export -f fsdp_resume vllm_engine other_backend  # `timeout` runs them through bash -c
 export PY RUNS
-for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation_memory fsdp_resume vllm_engine}; do
+for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation_memory fsdp_resume vllm_engine verl_backend trl_backend}; do
     case $name in
         logprob_probe) check logprob_probe "${PROBE_S:-40}" "$PY" benchmarks/logprob_probe.py ;;
         main_job) check main_job "${MAIN_S:-80}" "$PY" -P -m bridges.train output_dir="$RUNS" progress=false ;;
@@ -61,6 +69,8 @@ for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation
         generation_memory) check generation_memory "${GENERATION_S:-60}" "$PY" benchmarks/generation_memory.py ;;
         fsdp_resume) check fsdp_resume "${FSDP_S:-60}" bash -c fsdp_resume ;;
         vllm_engine) check vllm_engine "${VLLM_S:-60}" bash -c vllm_engine ;;
+        verl_backend) check verl_backend "${VERL_S:-90}" bash -c "other_backend verl 5" ;;
+        trl_backend) check trl_backend "${TRL_S:-60}" bash -c "other_backend trl 20" ;;
         *) echo "unknown check $name" ;;
     esac
     echo "--- $name"
