@@ -310,12 +310,33 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
             f"workers ({workers_key}), so a group's rollouts could land in two workers and not be scored "
             "together; change either."
         )
+    check_validation_groups(config, workers)
     if os.environ.get("RAY_ADDRESS"):  # the cluster's GPUs are read when the run joins it (run())
         return
     check_batch_fits(config, layout)
     if config.engine == "vllm" and gpus == 0:
         raise ConfigError(
             "engine=vllm needs a GPU and none is visible; use engine=hf (or auto) for verl on a CPU."
+        )
+
+
+def check_validation_groups(config: TrainConfig, workers: int) -> None:
+    """With ``val_kwargs.n > 1`` verl pads the validation batch with copies of its first rows up to a
+    multiple of the agent-loop workers and cuts it in equal chunks: unless the eval rows divide among the
+    workers, a chunk boundary falls inside a group, whose members then wait for each other in two
+    workers for 30 minutes. One sentence instead, before anything starts."""
+    from bridges.envs.registry import load_environment
+
+    n = flatten(config.verl).get("actor_rollout_ref.rollout.val_kwargs.n", 1)
+    if not isinstance(n, int) or n <= 1:
+        return
+    rows = len(load_environment(config.env, **config.env_args).get_eval_dataset())
+    if rows % workers:
+        raise ConfigError(
+            f"verl.actor_rollout_ref.rollout.val_kwargs.n={n} validates {rows} eval rows on {workers} agent-loop "
+            f"workers, so verl's padded validation batch would split a group between two workers; set "
+            f"verl.actor_rollout_ref.rollout.agent.num_workers to a divisor of {rows}, or give the environment an "
+            f"eval split of a multiple of {workers} rows."
         )
 
 

@@ -160,3 +160,22 @@ def test_the_ratio_cap_is_verls_dual_clip_and_on_gpus_its_rollout_correction(
         assert correction.rollout_is is None and correction.bypass_mode
     cfg, _ = composed(tmp_path, gpus, monkeypatch, "trainer.ratio_cap=null")
     assert cfg.actor_rollout_ref.actor.clip_ratio_c == 1e9 and cfg.algorithm.rollout_correction.rollout_is is None
+
+
+def test_validation_groups_that_verl_would_split_between_workers_are_one_sentence(capsys):
+    """val_kwargs.n > 1 on 8 eval rows: 4 agent-loop workers keep every group whole (accepted), 3 would
+    cut one between two workers (refused before anything starts)."""
+    from bridges.runs.config import run_cli
+    from bridges.train import main
+
+    grouped = ["backend=verl", "verl.actor_rollout_ref.rollout.val_kwargs.n=2", "verl.actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, [*grouped, "verl.actor_rollout_ref.rollout.agent.num_workers=3", "trainer.batch_size=6",
+                       "dry_run=true"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "val_kwargs.n=2 validates 8 eval rows on 3 agent-loop workers" in err
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, [*grouped, "verl.actor_rollout_ref.rollout.agent.num_workers=4", "trainer.batch_size=8",
+                       "dry_run=true"])  # fmt: skip
+    assert exit_info.value.code == 0 and "verl.trainer.main_ppo" in capsys.readouterr().out
