@@ -156,7 +156,7 @@ class HFReplica(RolloutReplica):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
-        from bridges.adapters.verl.plugin import CPU_FLAG  # set in every verl process exactly in CPU mode
+        from bridges.adapters.verl.placement import CPU_FLAG
 
         name = server_name(self.replica_rank)
         # verl types it HFModelConfig and hands over the DictConfig: resolved here (a local copy of the path)

@@ -32,6 +32,7 @@ from bridges.adapters.verl.placement import (
     GpuLayout,
     attention,
     check_batch_fits,
+    flatten,
     gpu_layout,
     placement_overrides,
     rollout_name,
@@ -74,16 +75,6 @@ def hydra_value(value: Any) -> str:
     return str(value)
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def prompt_budget(env: Any, tokenizer: Any) -> int:
     """``data.max_prompt_length``: the longest rendered prompt of either split (with tools), rounded up to 64."""
     from bridges.client.rendering import ChatRenderer
@@ -106,14 +97,15 @@ def launch_env(gpus: int, run_dir: Path) -> dict[str, str]:
     CPU platform), the Python path to import it, where verl's file logger writes, and every ``BRIDGES_*``
     variable of this process (the cache folder of the tiny models among them) but ``BRIDGES_VERL_CPU``,
     which is set here exactly when the run chose CPU mode."""
+    from bridges.adapters.verl.placement import CPU_FLAG
     from bridges.adapters.verl.run_files import NATIVE_METRICS
 
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN]
-    env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_") and k != "BRIDGES_VERL_CPU"}
+    env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_") and k != CPU_FLAG}
     env |= {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath(),
             "VERL_FILE_LOGGER_PATH": str(run_dir / NATIVE_METRICS)}  # fmt: skip
     if gpus == 0:
-        env["BRIDGES_VERL_CPU"] = "1"
+        env[CPU_FLAG] = "1"
     return env
 
 

@@ -29,9 +29,21 @@ from typing import Any
 from bridges.runs.train_config import TrainConfig
 from bridges.runtime.errors import ConfigError
 
+CPU_FLAG = "BRIDGES_VERL_CPU"  # "1" in every verl process exactly when the run chose CPU mode (launch_env)
 CPU_MICRO_BATCH = 256
 TP2_PARAMETERS = 7e9  # rollout tensor parallelism 2 from about this size on
 TOKENS_PER_GPU = 16384  # verl's own default token budget per micro-batch under dynamic batch sizes
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested settings tree (``verl.*``) as dotted keys, the form of verl's hydra overrides."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +62,6 @@ class GpuLayout:
 def gpu_layout(config: TrainConfig, cluster_gpus: list[int] | None = None) -> GpuLayout:
     """The layout for ``config``; ``cluster_gpus``: the GPU resources each alive node of a running
     cluster declares (None: no cluster was joined)."""
-    from bridges.adapters.verl.launch import flatten
-
     verl = flatten(config.verl)
     if verl.get("trainer.device") == "cpu":
         return GpuLayout(0, 1, "verl.trainer.device=cpu")
@@ -89,10 +99,14 @@ def attention(gpus: int) -> tuple[dict[str, Any], str]:
 
 
 def parameter_count(model_path: str) -> float:
-    """About how many parameters the model at ``model_path`` has, from its config alone."""
+    """About how many parameters the model at ``model_path`` has, from its config alone (0 when the
+    config cannot be read here: verl reads it later and says why; tensor parallelism then stays 1)."""
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(model_path)
+    try:
+        c = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return 0.0
     hidden, layers = c.hidden_size, c.num_hidden_layers
     kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or hidden // c.num_attention_heads

@@ -20,9 +20,8 @@ import importlib.util
 import logging
 import os
 
+from bridges.adapters.verl.placement import CPU_FLAG
 from bridges.runtime.errors import require_extra
-
-CPU_FLAG = "BRIDGES_VERL_CPU"
 
 
 def trl_has_value_head() -> bool:

@@ -53,7 +53,7 @@ TRAIN = [  # (argv, a piece of the sentence)
         ["dry_run=true", "backend=trl", "trl.learning_rat=1"],
         "'trl.learning_rat' is not a key of GRPOConfig (did you mean 'trl.learning_rate'?)",
     ),
-    (["dry_run=true", "backend=trl", "engine=vllm"], "backend=trl generates with TRL's own engine"),
+    (["dry_run=true", "backend=trl", "engine=vllm"], "engine=vllm with backend=trl runs vLLM in this process"),
     (
         ["backend=tinker", "tinker.base_url=local", "tinker.max_steps_off_policy=1"],
         "unknown config key 'tinker.max_steps_off_policy'",
@@ -62,7 +62,7 @@ TRAIN = [  # (argv, a piece of the sentence)
         ["backend=tinker", "tinker.base_url=local", "trainer.beta=0.1"],
         "backend=tinker does not use trainer.beta (set to 0.1)",
     ),
-    (["backend=trl", "trainer.ratio_cap=2.0"], "backend=trl does not use trainer.ratio_cap (set to 2.0)"),
+    (["backend=trl", "trainer.num_batches_ahead=2"], "backend=trl does not use trainer.num_batches_ahead (set to 2)"),
     (["backend=verl", "trainer.rollout_process=true"], "backend=verl does not use trainer.rollout_process"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
     (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
