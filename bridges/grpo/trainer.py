@@ -260,11 +260,13 @@ def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutp
 
 
 def run(config: TrainConfig, options: None = None) -> int:
-    return asyncio.run(_run(config))
+    """The ``Backend`` entry point: prepare (``_prepare`` -> ``_Prepared``), then train (``_train``, the
+    loop in ``workflows.run_loop``, which names its own ``RunSpec`` and ``RunPosition``)."""
+    return asyncio.run(_train(config))
 
 
 @dataclasses.dataclass
-class _Run:
+class _Prepared:
     """Everything one run holds: the config, the data, the policy and its optimizer, where it writes."""
 
     config: TrainConfig
@@ -278,7 +280,7 @@ class _Run:
     where: Placement
 
 
-def _prepare(config: TrainConfig) -> _Run:
+def _prepare(config: TrainConfig) -> _Prepared:
     """Seeds, environment, device and precision, the step context, resumed from the newest intact
     checkpoint."""
     from bridges.envs.registry import load_environment
@@ -299,7 +301,7 @@ def _prepare(config: TrainConfig) -> _Run:
     run_dir = Path(config.output_dir) / config.resolved_run_name
     start = _resume(config, run_dir, ctx)
     sampling_args = rollout_sampling_args(config, env.sampling_args)
-    return _Run(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where)
+    return _Prepared(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where)
 
 
 def hardware_settings(config: TrainConfig) -> tuple[str, str]:
@@ -359,7 +361,7 @@ def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition
     return start
 
 
-async def _rollouts(run: _Run) -> Rollouts:
+async def _rollouts(run: _Prepared) -> Rollouts:
     """In this process, or (``rollout_process=true``; validate() allowed it only with the hf engine) in a
     child process that owns its own copy of the weights, or on inference servers (``inference=server``)."""
     config = run.config
@@ -386,7 +388,7 @@ class _Learner:
     a step from ``train_step`` (in a worker thread, so the next batch keeps generating), checkpoints in
     ``<run>/checkpoints``."""
 
-    run: _Run
+    run: _Prepared
     rollouts: Rollouts
 
     @property
@@ -420,7 +422,7 @@ class _Learner:
         )  # fmt: skip
 
 
-async def _run(config: TrainConfig) -> int:
+async def _train(config: TrainConfig) -> int:
     run = _prepare(config)
     rollouts = await _rollouts(run)
     learner = _Learner(run, rollouts)
