@@ -30,10 +30,9 @@ async def run_group(
     """n rollouts of one task, scored as a group (group reward functions see all n), with advantages.
 
     Rollout failures are recorded inside the states by the environment (never raised), so one bad
-    rollout cannot abort the group; it comes back masked with its stop reason.
+    rollout cannot abort the group; it comes back masked with its stop reason. ``n`` is checked by
+    ``Environment.run_group``, the one place every backend's groups go through.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}.")
     states = await env.run_group(row, client, model, n, sampling_args)
     return build_group(list(states), method=advantage)
 

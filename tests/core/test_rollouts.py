@@ -278,3 +278,12 @@ async def test_malformed_response_is_engine_error_and_n_is_refused():
     with pytest.raises(ConfigError, match="sampling_args n=4 is not supported"):
         await fast().generate([ROW], server.client(), "m", sampling_args={"n": 4}, progress=False)
     assert len(server.requests) == 1
+
+
+async def test_a_group_of_no_rollouts_is_one_sentence_from_the_one_place_that_checks():
+    from bridges.workflows.rollouts import run_group
+
+    server = ChatServer(lambda body, i: completion("<answer>4</answer>"))
+    for n in (0, -2):
+        with pytest.raises(ConfigError, match=rf"^n \(rollouts per example\) must be at least 1, got {n}\.$"):
+            await run_group(fast(), ROW, server.client(), n)
