@@ -90,6 +90,13 @@ def validate(config: TrainConfig, options: TinkerOptions) -> None:
     """backend=tinker's checks before a server starts or a client connects."""
     from bridges.runs.preflight import check_model
 
+    default_cap = type(config.trainer)().ratio_cap
+    if options.loss_fn != "cispo" and config.trainer.ratio_cap != default_cap:
+        raise ConfigError(
+            f"trainer.ratio_cap={config.trainer.ratio_cap} has no place in Tinker's {options.loss_fn} loss, a "
+            "built-in of the service with no ratio cap; use tinker.loss_fn=cispo, which truncates at the cap, "
+            "or leave trainer.ratio_cap at its default."
+        )
     if config.sampling.temperature != 1.0:
         raise ConfigError(
             f"sampling.temperature={config.sampling.temperature} is refused on Tinker: its sampler reports "

@@ -65,6 +65,8 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["backend=trl", "trainer.num_batches_ahead=2"], "backend=trl does not use trainer.num_batches_ahead (set to 2)"),
     (["backend=verl", "trainer.rollout_process=true"], "backend=verl does not use trainer.rollout_process"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
+    (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=ppo", "trainer.ratio_cap=2.0"],
+     "trainer.ratio_cap=2.0 has no place in Tinker's ppo loss"),
     (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
     (
         [
