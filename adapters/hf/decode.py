@@ -82,11 +82,11 @@ def accepts_logits_to_keep(model: Any) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
-@torch.inference_mode()
 def _prefill(
     model: Any, rows: list[RowRequest], pad_token_id: int, device: torch.device, logits_to_keep: bool
 ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-    """One forward pass over the left-padded prompts: last logits, cache, attention mask, next positions."""
+    """One forward pass over the left-padded prompts: last logits, cache, attention mask, next positions
+    (under ``generate_batch``'s inference mode)."""
     lengths = [len(r.prompt_ids) for r in rows]
     width = max(lengths)
     ids_rows = [[pad_token_id] * (width - n) + r.prompt_ids for n, r in zip(lengths, rows, strict=True)]

@@ -114,8 +114,12 @@ class HeadLogprobs(torch.autograd.Function):
                 grad_hidden[rows] = grad_C_V @ weight_V_H
             if grad_weight is not None:
                 _add_head_grad(grad_weight, grad_C_V, hidden_N_H[rows])
-        if grad_weight is not None and grad_weight is not weight_V_H.grad and ctx.sink is None:
-            weight_V_H.grad.add_(grad_weight)  # the fp32 sum rounded once into a half weight's gradient
+        if grad_weight is not None and ctx.sink is None and grad_weight.dtype != weight_V_H.dtype:
+            # the fp32 sum rounded once into a half weight's gradient
+            if weight_V_H.grad is None:
+                weight_V_H.grad = grad_weight.to(weight_V_H.dtype)
+            else:
+                weight_V_H.grad.add_(grad_weight)
         return grad_hidden, None, None, None, None, None  # the weight's gradient is already written
 
 
@@ -127,11 +131,11 @@ def _head_grad_buffer(weight_V_H: torch.Tensor, sink: torch.Tensor | None) -> to
     (a half weight) an fp32 buffer that ``weight.grad`` receives at the end."""
     if sink is not None:
         return sink
+    if weight_V_H.dtype != torch.float32:
+        return torch.zeros_like(weight_V_H, dtype=torch.float32)
     if weight_V_H.grad is None:
         weight_V_H.grad = torch.zeros_like(weight_V_H)
-    if weight_V_H.dtype == torch.float32:
-        return weight_V_H.grad
-    return torch.zeros_like(weight_V_H, dtype=torch.float32)
+    return weight_V_H.grad
 
 
 def _add_head_grad(grad_V_H: torch.Tensor, grad_C_V: torch.Tensor, hidden_C_H: torch.Tensor) -> None:

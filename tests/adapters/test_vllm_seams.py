@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,15 +94,15 @@ def test_engines_without_alternatives_refuse_top_logprobs_in_one_sentence():
 
 
 def async_engine_args_fields() -> set[str]:
-    """vLLM's own fields where it is installed, else the list recorded from vLLM 0.33.0."""
+    """vLLM's own fields where it is installed, else those recorded from vLLM 0.33.0's wheel (vllm_api.json)."""
     if importlib.util.find_spec("vllm") is not None:
         import dataclasses
 
         import vllm
 
         return {f.name for f in dataclasses.fields(vllm.AsyncEngineArgs)}
-    recorded = Path(__file__).resolve().parents[1] / "support" / "vllm_engine_args.txt"
-    return {line for line in recorded.read_text().splitlines() if line and not line.startswith("#")}
+    recorded = Path(__file__).resolve().parents[1] / "support" / "vllm_api.json"
+    return set(json.loads(recorded.read_text())["0.33.0"]["engine_args"])
 
 
 def test_every_argument_our_engines_hand_vllm_is_an_engine_args_field(monkeypatch: pytest.MonkeyPatch):
