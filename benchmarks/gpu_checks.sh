@@ -19,7 +19,8 @@
 #      GPU: one process, so FSDP's sharding is a no-op and the bf16 checkpoint path is what runs);
 #   6. vllm_engine: the main job with engine=vllm, when vLLM imports (skipped otherwise);
 #   7. verl_backend / trl_backend: the main job's task on backend=verl (when verl imports) and backend=trl,
-#      a few steps each, wall time and reward beside the bundled trainer's main_job.
+#      a few steps each, wall time and reward beside the bundled trainer's main_job (verl without vLLM:
+#      the hf rollout, its weights synced through a CUDA IPC buffer on the worker's GPU).
 # Bounded in all to about 10.5 minutes on one H100/H200 (the defaults below sum to 630 s of timeouts;
 # CHECKS picks fewer).
 set -u

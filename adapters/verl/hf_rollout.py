@@ -11,15 +11,27 @@ against. This backend plugs into verl's own registries (``RolloutReplicaRegistry
   ``sampling_params`` -> ``TokenOutput`` with one logprob per sampled id) from our transformers
   engine, and takes the lifecycle calls verl makes around weight syncs (all no-ops: nothing to page out);
 - ``HFServerAdapter.update_weights`` receives the actor's weights from verl's checkpoint engine each
-  step (``named_tensors``), copies them to CPU and hands them to the server through Ray.
+  step (``named_tensors``); the replica's leader hands them to its server through a shared buffer on
+  their common GPU (or shared memory in CPU mode: ``weight_buckets``), or, were the server on another
+  node, as host copies through Ray.
 Registration happens in every verl process through ``bridges.adapters.verl.plugin``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from bridges.adapters.verl.weight_buckets import (
+    BucketReceiver,
+    BufferHandle,
+    TensorSlot,
+    cuda_index_of,
+    send_buckets,
+    visible_cuda_uuids,
+)
 from bridges.envs.types import SamplingParams
 from bridges.runtime.errors import require_extra
 
@@ -69,17 +81,26 @@ class HFRolloutServer:
         self.device = device  # the replica's own GPU (replica_device), or the CPU
         self.global_steps = 0
         self._engine: Any = None
+        self._receiver: BucketReceiver | None = None
+        self._loaded: asyncio.Event | None = None  # cleared while a bucketed update is half loaded
+        self._broken = ""  # why the weights are unusable: an update that failed midway
 
     @property
     def engine(self) -> Any:
         if self._engine is None:
             from bridges.adapters.hf import HFEngine
 
-            self._engine = HFEngine.from_pretrained(self.model_path, device=self.device)
+            self._engine = HFEngine.from_pretrained(self.model_path, device=_resolve_device(self.device))
         return self._engine
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_engine": None}  # a copy in another process loads its own
+    def __getstate__(self) -> dict[str, Any]:  # a copy in another process loads its own
+        return {**self.__dict__, "_engine": None, "_receiver": None, "_loaded": None}
+
+    def _weights_loaded(self) -> asyncio.Event:
+        if self._loaded is None:
+            self._loaded = asyncio.Event()
+            self._loaded.set()
+        return self._loaded
 
     async def generate(
         self,
@@ -94,6 +115,9 @@ class HFRolloutServer:
         if image_data is not None or video_data is not None:
             raise ValueError("the hf rollout serves text models; this request carries images or video.")
         params = to_sampling_params(sampling_params, self.response_length)
+        await self._weights_loaded().wait()  # never a mix of two steps' weights
+        if self._broken:
+            raise RuntimeError(self._broken)
         sample = (await self.engine.generate(list(prompt_ids), params))[0]
         return TokenOutput(token_ids=sample.token_ids, log_probs=sample.logprobs, stop_reason="completed",
                            extra_fields={"global_steps": self.global_steps})  # fmt: skip
@@ -106,6 +130,39 @@ class HFRolloutServer:
 
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    # a bucketed update (weight_buckets): begin, one load per bucket, end; generation waits throughout
+    def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def begin_weights(self) -> None:
+        self._weights_loaded().clear()
+        self._receiver = self._receiver or BucketReceiver()
+
+    async def load_bucket(self, handle: BufferHandle, slots: list[TensorSlot]) -> None:
+        """Copy one bucket out of the sender's buffer into the model; on return the sender may reuse it."""
+        assert self._receiver is not None, "load_bucket outside begin_weights/end_weights"
+        views = self._receiver.views(handle, slots)
+        await self.engine.aupdate_weights(views, version=self.engine.weight_version)  # checked, then copied
+        del views
+        if self.engine.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.engine.device)  # the copy is queued; the buffer is read until it runs
+
+    async def end_weights(self, global_steps: int | None, complete: bool) -> int:
+        if self._receiver is not None:
+            self._receiver.close()
+        if complete:
+            await self.engine.aupdate_weights({}, version=self.engine.weight_version + 1)
+            self.global_steps = self.global_steps if global_steps is None else global_steps
+            self._broken = ""
+        else:
+            self._broken = "the rollout server's weights are half updated: the trainer's last weight sync failed."
+        self._weights_loaded().set()
+        return int(self.engine.weight_version)
 
     # lifecycle calls verl makes around generation and weight syncs: nothing to page in or out here
     async def wake_up(self, tags: list[str] | None = None) -> None: ...
@@ -124,25 +181,38 @@ class HFRolloutServer:
         self.global_steps = global_steps
 
 
-def replica_device(accelerator_ids: list[str]) -> str:
-    """Where a replica's server computes: the GPU of the replica's first worker (Ray's accelerator id on
-    that node; the server sees every GPU of the node, as verl's own servers do), or the CPU when its
-    workers hold none. Each replica on its own GPU: without this every server took cuda:0."""
-    return f"cuda:{int(accelerator_ids[0])}" if accelerator_ids else "cpu"
+def replica_device(accelerator_ids: list[str], device_uuid: str | None = None) -> str:
+    """Where a replica's server computes: the GPU of the replica's first worker, or the CPU when its
+    workers hold none. Each replica on its own GPU: without this every server took cuda:0. The server
+    sees every GPU of its node (as verl's own servers do) in CUDA's order, which need not be Ray's, so
+    the worker's GPU is named by UUID where the worker could read it ("cuda-uuid:..."), resolved by the
+    server; Ray's accelerator id otherwise."""
+    if not accelerator_ids:
+        return "cpu"
+    return f"cuda-uuid:{device_uuid}" if device_uuid else f"cuda:{int(accelerator_ids[0])}"
 
 
-async def _first_worker_place(workers: list[Any]) -> tuple[str | None, list[str]]:
-    """The node id and the GPU ids of a replica's first worker (None, [] with no workers: standalone)."""
+def _resolve_device(device: str) -> str:
+    if device.startswith("cuda-uuid:"):
+        return f"cuda:{cuda_index_of(device.removeprefix('cuda-uuid:'), visible_cuda_uuids())}"
+    return device
+
+
+async def _first_worker_place(workers: list[Any]) -> tuple[str | None, list[str], str | None]:
+    """The node id, GPU ids and GPU UUID of a replica's first worker (None, [], None with no workers:
+    standalone). The UUID is None where the worker sees no CUDA device (CPU mode's logical GPUs)."""
     if not workers:
-        return None, []
+        return None, [], None
     import ray
 
-    def where(_: Any) -> tuple[str, list[str]]:
+    def where(_: Any) -> tuple[str, list[str], str | None]:
         context = ray.get_runtime_context()
-        return context.get_node_id(), list(context.get_accelerator_ids().get("GPU", []))
+        gpus = list(context.get_accelerator_ids().get("GPU", []))
+        uuids = visible_cuda_uuids() if gpus else []
+        return context.get_node_id(), gpus, (uuids[0] if uuids else None)
 
-    node, gpus = await workers[0].__ray_call__.remote(where)
-    return str(node), [str(g) for g in gpus]
+    node, gpus, uuid = await workers[0].__ray_call__.remote(where)
+    return str(node), [str(g) for g in gpus], uuid
 
 
 class HFReplica(RolloutReplica):
@@ -163,14 +233,14 @@ class HFReplica(RolloutReplica):
         model = omega_conf_to_dataclass(cast(Any, self.model_config), dataclass_type=HFModelConfig)
         env_vars = {var: "1" for var in get_platform().ray_noset_envvars()}  # see the GPUs, if any
         # CPU mode declares one logical GPU for verl's resource pool: its id names no device
-        node, gpus = await _first_worker_place(list(self.workers))
+        node, gpus, uuid = await _first_worker_place(list(self.workers))
         placement = {} if node is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
         server: Any = (
             ray.remote(HFRolloutServer)
             .options(name=name, max_concurrency=self.max_concurrency, runtime_env={"env_vars": env_vars}, num_cpus=0,
                      **placement)
             .remote(model_path=str(model.local_path), response_length=int(self.config.response_length),
-                    device="cpu" if os.environ.get(CPU_FLAG) == "1" else replica_device(gpus))
+                    device="cpu" if os.environ.get(CPU_FLAG) == "1" else replica_device(gpus, uuid))
         )  # fmt: skip
         self.servers = [server]
         self._server_handle = server
@@ -188,6 +258,7 @@ class HFServerAdapter(BaseRollout):
         self.replica_rank = rank // world if replica_rank == -1 else replica_rank
         self.leader = rank % world == 0  # one rank per replica sends the weights
         self._server: Any = None
+        self._same_node = False  # the leader and its server share a node (always, as HFReplica places it)
 
     async def resume(self, tags: list[str]) -> None: ...
 
@@ -200,17 +271,46 @@ class HFServerAdapter(BaseRollout):
             raise ValueError(
                 "the hf rollout takes merged weights; set verl.actor_rollout_ref.model.lora.merge=true."
             )
-        tensors = {}
-        for name, tensor in weights:  # consumed on every rank: the generator may gather collectively
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            tensors[name] = full.detach().to("cpu", copy=True)
+        full = _full_tensors(weights)
         if not self.leader:
+            for _ in full:  # consumed on every rank: the generator may gather collectively
+                pass
             return
-        if self._server is None:
-            import ray
+        import ray
 
+        steps = kwargs.get("global_steps")
+        if self._server is None:
             self._server = ray.get_actor(server_name(self.replica_rank))
-        await self._server.update_weights.remote(tensors, kwargs.get("global_steps"))
+            self._same_node = await self._server.node_id.remote() == ray.get_runtime_context().get_node_id()
+        if not self._same_node:
+            tensors = {name: tensor.to("cpu", copy=True) for name, tensor in full}
+            await self._server.update_weights.remote(tensors, steps)
+            return
+        await push_buckets(self._server, full, steps, _bucket_bytes(self.config))
+
+
+def _bucket_bytes(rollout: Any) -> int:
+    """verl's own knob for its servers' weight buckets (``rollout.checkpoint_engine``), in bytes."""
+    return int(rollout.checkpoint_engine.update_weights_bucket_megabytes) << 20
+
+
+def _full_tensors(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    for name, tensor in weights:  # a DTensor shard is gathered whole (a collective on every rank)
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
+
+
+async def push_buckets(server: Any, weights: Iterable[tuple[str, Any]], steps: int | None, bucket_bytes: int) -> int:
+    """One bucketed update of ``server`` (a Ray actor handle of ``HFRolloutServer``): generation waits
+    from the first bucket to the last, and an update that fails midway leaves the server refusing to
+    generate on half-updated weights. Returns the server's new weight version."""
+    await server.begin_weights.remote()
+    complete = False
+    try:
+        await send_buckets(weights, lambda handle, slots: server.load_bucket.remote(handle, slots), bucket_bytes)
+        complete = True
+    finally:
+        version = await server.end_weights.remote(steps, complete)
+    return int(version)
 
 
 def register() -> None:

@@ -194,15 +194,20 @@ def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
     assert first["reward_model"]["ground_truth"] == json.loads(first["extra_info"]["bridges_row"])["answer"]
 
 
-async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(tiny_path: Path):
+async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Ray assigns GPU ids to the workers of a replica (here logical GPUs: the count faked at Ray's own
     resource seam); each replica's server takes its first worker's node and GPU, so eight replicas are
-    eight GPUs, not eight copies on cuda:0. Workers without a GPU (CPU mode) give a CPU server."""
+    eight GPUs, not eight copies on cuda:0. Where the worker reads its GPU's UUID, the server finds that
+    GPU by UUID in its own order (faked at the UUID seam). Workers without a GPU give a CPU server."""
     import ray
 
+    from bridges.adapters.verl import hf_rollout
     from bridges.adapters.verl.hf_rollout import HFRolloutServer, _first_worker_place, replica_device
 
     assert replica_device(["3"]) == "cuda:3" and replica_device([]) == "cpu"
+    assert replica_device(["3"], "GPU-c") == "cuda-uuid:GPU-c" and replica_device([], "GPU-c") == "cpu"
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
         worker = ray.remote(num_cpus=0, num_gpus=1)(type("Worker", (), {"ping": lambda self: 1}))
@@ -210,11 +215,13 @@ async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(tiny_pa
         places = [await _first_worker_place([w.remote()]) for w in (worker, worker, cpu_worker)]
     finally:
         ray.shutdown()
-    nodes = {node for node, _ in places}
-    devices = [replica_device(gpus) for _, gpus in places]
-    assert len(nodes) == 1 and None not in nodes
+    nodes = {node for node, _, _ in places}
+    devices = [replica_device(gpus, uuid) for _, gpus, uuid in places]
+    assert len(nodes) == 1 and None not in nodes and {uuid for _, _, uuid in places} == {None}  # no CUDA here
     assert sorted(devices[:2]) == ["cuda:0", "cuda:1"] and devices[2] == "cpu"
-    assert await _first_worker_place([]) == (None, [])  # standalone: no workers, placed by Ray
+    assert await _first_worker_place([]) == (None, [], None)  # standalone: no workers, placed by Ray
+    monkeypatch.setattr(hf_rollout, "visible_cuda_uuids", lambda: ["GPU-a", "GPU-b", "GPU-c"])
+    assert hf_rollout._resolve_device("cuda-uuid:GPU-c") == "cuda:2" and hf_rollout._resolve_device("cpu") == "cpu"
     server = HFRolloutServer(str(tiny_path), device="cpu")
     assert str(server.engine.device) == "cpu"
 
