@@ -135,7 +135,7 @@ async def send_buckets(
             if buffer is None or tensor.nbytes > buffer.handle.size:
                 if buffer is not None:
                     buffer.close()
-                buffer = _SenderBuffer(max(bucket_bytes, tensor.nbytes), tensor.device)
+                buffer = _SenderBuffer(max(bucket_bytes, tensor.nbytes, 1), tensor.device)
                 stats.buffers.append(buffer.handle.size)
             # no name kept for the region: a live view of shared memory would keep it from closing
             buffer.tensor[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)

@@ -58,6 +58,18 @@ async def test_buckets_pack_mixed_dtypes_aligned_and_grow_for_a_tensor_larger_th
     assert stats.buffers == [256, 2048] and stats.buckets == 3  # [a b c], [big], [d] in the grown buffer
 
 
+async def test_a_zero_bucket_setting_sends_each_tensor_alone_even_an_empty_one():
+    receiver = BucketReceiver()
+    got: dict[str, torch.Tensor] = {}
+
+    async def deliver(handle: BufferHandle, slots: list[TensorSlot]) -> None:
+        got.update({name: view.clone() for name, view in receiver.views(handle, slots).items()})
+
+    stats = await send_buckets(iter([("empty", torch.ones(0)), ("w", torch.ones(3))]), deliver, bucket_bytes=0)
+    receiver.close()
+    assert got["empty"].shape == (0,) and torch.equal(got["w"], torch.ones(3)) and stats.buffers == [1, 12]
+
+
 async def test_a_failing_sender_frees_its_buffer():
     names: list[str] = []
 
