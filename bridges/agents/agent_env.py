@@ -53,6 +53,7 @@ class AgentEnv(Environment):
         *,
         command: str | Sequence[str] | None = None,
         command_env: Mapping[str, str] | None = None,
+        command_inherit: Sequence[str] = (),
         agent_timeout: float = 600.0,
         max_calls: int = MAX_CALLS,
         max_sampled_tokens: int = MAX_SAMPLED_TOKENS,
@@ -60,7 +61,9 @@ class AgentEnv(Environment):
     ) -> None:
         super().__init__(**kwargs)
         self.agent, self.command = _checked_agent(agent, command)
-        self.command_env = dict(command_env or {})
+        # the command's environment: a small allowlist (agent_run.agent_environment), ``command_inherit``
+        # names copied from ours, ``command_env`` as given; never the trainer's keys unless named here
+        self.command_env, self.command_inherit = dict(command_env or {}), [str(n) for n in command_inherit]
         if not agent_timeout > 0:
             raise ConfigError(f"agent_timeout must be a positive number of seconds, got {agent_timeout!r}.")
         if max_calls < 1 or max_sampled_tokens < 1:
@@ -98,7 +101,9 @@ class AgentEnv(Environment):
                     outcome = await run_callable(self.agent, at, row, self.agent_timeout)
                 else:
                     argv = with_prompt(self.command, state)
-                    outcome = await run_command(argv, at, row, self.agent_timeout, self.command_env)
+                    outcome = await run_command(
+                        argv, at, row, self.agent_timeout, self.command_env, self.command_inherit
+                    )
             finally:
                 server.sessions.close(session)  # a call still running is answered, but not recorded
         return fill_state(state, session, outcome)

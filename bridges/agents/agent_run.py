@@ -4,7 +4,9 @@ Two shapes of agent. An async callable ``agent(base_url, api_key, row)`` runs in
 event loop under ``asyncio.timeout``: cheap, and the usual way to wrap an agent written with an SDK.
 A command runs as a child process in a process group of its own, with ``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` pointing at the session and the
-row as JSON on stdin. Whatever happens — it exits, fails, outlives its deadline, or the rollout is
+row as JSON on stdin, and an environment of its own (``agent_environment``): the agent being trained is
+untrusted code by nature, so it sees what a program needs to run and what the environment's author
+names, never the trainer's keys and tokens. Whatever happens — it exits, fails, outlives its deadline, or the rollout is
 cancelled — the whole group is killed before this returns, so nothing the agent started outlives
 its rollout (a grandchild that made a session of its own escapes; ``die_with_parent`` still ends
 the child itself if this process dies).
@@ -67,19 +69,39 @@ async def run_callable(agent: AgentCallable, at: Endpoint, row: dict[str, Any], 
     return AgentOutcome(result=result)
 
 
-def agent_environment(at: Endpoint, extra: Mapping[str, str]) -> dict[str, str]:
-    return {**os.environ, **extra, "OPENAI_BASE_URL": at.base_url, "OPENAI_API_KEY": at.api_key,
+# what a program needs to run, taken from this process's environment; nothing else is inherited
+INHERITED = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "TMP", "TEMP",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "SSL_CERT_FILE",
+    "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NO_PROXY", "no_proxy", "SYSTEMROOT", "COMSPEC",
+})  # fmt: skip
+
+
+def is_secret(name: str) -> bool:
+    """A name that holds (or unlocks) a credential: ours (``BRIDGES_*``), keys, tokens, secrets."""
+    upper = name.upper()
+    return upper.startswith("BRIDGES_") or upper.endswith(("_KEY", "_TOKEN")) or "SECRET" in upper
+
+
+def agent_environment(at: Endpoint, extra: Mapping[str, str], inherit: Sequence[str] = ()) -> dict[str, str]:
+    """The command agent's whole environment: ``INHERITED`` and the ``LC_*`` locale (never a secret),
+    the names the author lists in ``inherit`` (copied from this process, secret or not: named on
+    purpose), ``extra`` as given, then the session's four variables, which nothing overrides."""
+    own = {k: v for k, v in os.environ.items() if (k in INHERITED or k.startswith("LC_")) and not is_secret(k)}
+    named = {k: os.environ[k] for k in inherit if k in os.environ}
+    return {**own, **named, **extra, "OPENAI_BASE_URL": at.base_url, "OPENAI_API_KEY": at.api_key,
             "ANTHROPIC_BASE_URL": at.anthropic_url, "ANTHROPIC_API_KEY": at.api_key}  # fmt: skip
 
 
 async def run_command(
-    argv: Sequence[str], at: Endpoint, row: dict[str, Any], timeout: float, env: Mapping[str, str]
+    argv: Sequence[str], at: Endpoint, row: dict[str, Any], timeout: float, env: Mapping[str, str],
+    inherit: Sequence[str] = (),
 ) -> AgentOutcome:
-    """``argv`` with the session's variables and the row on stdin, bounded by ``timeout``."""
+    """``argv`` with its own environment (``agent_environment``) and the row on stdin, bounded by ``timeout``."""
     try:
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=agent_environment(at, env), preexec_fn=die_with_parent,
+            stderr=asyncio.subprocess.STDOUT, env=agent_environment(at, env, inherit), preexec_fn=die_with_parent,
         )  # fmt: skip
     except OSError as exc:
         return AgentOutcome(error=f"the agent command {argv[0]!r} could not start: {describe_exception(exc)}")
