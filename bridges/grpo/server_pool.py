@@ -5,7 +5,8 @@ main training process pushes every step's weights (``weight_push.py``) through a
 (``push_channels.py``: HTTP bodies, or broadcasts over NCCL/gloo).
 
 Invariant: a server is *in* (rollouts may use it) only while it holds the trainer's current weight
-version; it is *out* from the moment a call or a push to it fails. Why: ``num_batches_ahead`` bounds
+version of this trainer's run (``run``: a fresh id per trainer process, so a server still holding an
+earlier process's weights, even numbered higher, is pushed to rather than trusted); it is *out* from the moment a call or a push to it fails. Why: ``num_batches_ahead`` bounds
 how stale a sample may be, and a server that missed a push would sample from weights older than
 that bound. An out server is probed before each batch; when ``/health`` answers with the same model
 layout and vocabulary, the main process brings it up to date (the whole model, then the adapter)
@@ -40,6 +41,7 @@ class Server:
     client: openai.AsyncOpenAI
     model: str = ""  # the name it serves, from /health
     version: int = -1  # the weight version it holds, as last seen
+    run: str = ""  # the trainer run that version belongs to
     up: bool = False
     was_in: bool = False  # so that coming back is said, and the first admission is not
     reason: str = "not checked yet"  # why it is out
@@ -62,7 +64,8 @@ class ServerPool:
     api_key: str | None = None
     weights_key: str | None = None
     scalings: dict[str, float] = field(default_factory=dict)  # LoRA layers; empty for full fine-tuning
-    version: int = 0  # the trainer's current weight version
+    version: int = 0  # the trainer's current weight version (its step: a resumed run goes on from it)
+    run: str = ""  # this trainer's run id: pushes are numbered by (run, version)
     channel: Any = None  # push_channels.open_channel's, on the main process: the only one that sends
     _base: dict[str, torch.Tensor] = field(default_factory=dict)  # LoRA: the frozen base, on the CPU
     _latest: list[Payload] = field(default_factory=list)  # the current version's push, as sent
@@ -112,6 +115,7 @@ class ServerPool:
         if health.get("tokenizer") != self.identity.tokenizer:
             return "its tokenizer differs from the trainer's, so token ids would not mean the same; start it with the trainer's model."
         server.model, server.version = str(health.get("model", "")), int(health.get("weight_version", -1))
+        server.run = str(health.get("weight_run", ""))
         server.channels = [str(c) for c in health.get("weight_channels", ["http"])]
         return None
 
@@ -129,14 +133,19 @@ class ServerPool:
         if problem is not None:
             server.reason = problem
             return
-        if server.version < self.version and self.pusher and self._latest:
+        if not self._holds_current(server) and self.pusher and self._latest:
             await self._send(server, await asyncio.to_thread(self._whole_parts))
-        if server.version >= self.version:
+        if self._holds_current(server):
             if server.was_in:
                 print(
                     f"inference server {server.url} is back in at weight version {server.version}", flush=True
                 )
             self._admit(server)
+
+    def _holds_current(self, server: Server) -> bool:
+        """Exactly this run's current version: another run's weights, or ones ahead of the trainer, are
+        not trusted (pushed to on the main process, waited for on the others)."""
+        return server.run == self.run and server.version == self.version
 
     def _admit(self, server: Server) -> None:
         server.up = server.was_in = True
@@ -147,9 +156,9 @@ class ServerPool:
         self.version = version
         if whole and self.scalings:
             self._base = {
-                k: v.detach().to("cpu", copy=True) for k, v in full_payload(state, version).tensors.items()
+                k: v.detach().to("cpu", copy=True) for k, v in full_payload(state, version, self.run).tensors.items()
             }
-        parts = payloads(state, self.scalings, version, whole)
+        parts = payloads(state, self.scalings, version, whole, self.run)
         self._latest = parts[-1:] if self.scalings else parts
         await asyncio.gather(*(self._send(s, parts) for s in self.servers if s.up or whole))
         refused = [s for s in self.servers if not s.up]
@@ -169,18 +178,18 @@ class ServerPool:
                 server.up = False
 
     async def _caught_up(self, server: Server) -> bool:
-        return await self.probe(server) is None and server.version >= self.version
+        return await self.probe(server) is None and server.run == self.run and server.version >= self.version
 
     def _whole_parts(self) -> list[Payload]:
         """What brings a fresh server to the current version: the latest push, after the base for LoRA."""
         if not self.scalings:
             return list(self._latest)
-        return [full_payload(self._base, self.version), *self._latest]
+        return [full_payload(self._base, self.version, self.run), *self._latest]
 
     async def _send(self, server: Server, parts: list[Payload]) -> None:
         try:
             await self.channel.send(server.url, parts)
-            server.version = self.version
+            server.version, server.run = self.version, self.run
             self._admit(server)
         except (httpx2.HTTPError, PushRefused) as exc:
             self.mark_out(server, f"the weight push failed ({' '.join(str(exc).split())[:200]})")

@@ -49,6 +49,7 @@ class ServerRollouts:
         self.device = device  # the policy's: the gathers and barriers run in threads bound to it
         self._gather_all, self._barrier, self._wait_s, self._on_close = gather_all, barrier, wait_s, on_close
         self._turn = itertools.count()  # rotates which server a batch's first group goes to
+        self._pushed = False  # this process's first push carries the whole model
 
     @property
     def weight_version(self) -> int:
@@ -112,8 +113,8 @@ class ServerRollouts:
     async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
         """The next version to the servers (the first push carries the whole model), then every process
         waits for the push to land."""
-        version = self.pool.version + 1
-        whole = version == 1
+        version, whole = self.pool.version + 1, not self._pushed
+        self._pushed = True
         if whole:  # every process gathers (a collective under fsdp); only the main one sends
             state = await asyncio.to_thread(bound(self.device, self._gather_all), policy)
         if self.pool.pusher:
@@ -145,10 +146,13 @@ def _mask_if_stale(state: State, floor: int) -> None:
 
 
 async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: torch.nn.Module, world: Any,
-                               run_dir: Any) -> ServerRollouts:  # fmt: skip
+                               run_dir: Any, start_step: int = 0) -> ServerRollouts:  # fmt: skip
     """The servers (``trainer.server_urls``, or ``trainer.servers`` started here by the main process),
-    checked against the trainer's model and vocabulary."""
+    checked against the trainer's model and vocabulary. Pushes are numbered by (this trainer's run id,
+    step): a resumed run goes on from ``start_step`` under a new id, so servers still holding the
+    earlier process's versions take its pushes, and are not trusted until they have."""
     import functools
+    import uuid
 
     from bridges.grpo.local_servers import LocalServers, server_devices
     from bridges.grpo.parallel import barrier, full_state_dict, share
@@ -174,7 +178,9 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
             keys = {"api_key": api_key, "weights_key": weights_key}
         identity = Identity(model_layout(resolve_model_path(config.model)), tokenizer_fingerprint(tokenizer))
         pool = ServerPool.connect(urls, identity, world.is_main, t.server_timeout, **keys)
-        pool.scalings = lora_scalings(policy)
+        run_id = uuid.uuid4().hex[:16] if world.is_main else None
+        pool.run = await asyncio.to_thread(bound(device, share), run_id, world)  # [distributed] one id for all
+        pool.scalings, pool.version = lora_scalings(policy), start_step
         await pool.check_all()
         if world.is_main:  # [distributed] only the main process pushes
             offered = [server.channels for server in pool.servers]

@@ -369,7 +369,7 @@ async def _rollouts(run: _Prepared) -> Rollouts:
         from bridges.grpo.server_rollouts import open_server_rollouts
 
         return await open_server_rollouts(
-            config, run.env, run.tokenizer, run.ctx.policy, run.ctx.world, run.run_dir
+            config, run.env, run.tokenizer, run.ctx.policy, run.ctx.world, run.run_dir, run.start.step
         )
     if config.trainer.rollout_process:
         from bridges.grpo.rollout_process import ProcessRollouts

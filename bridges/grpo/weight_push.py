@@ -36,7 +36,7 @@ def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
             if isinstance(module, lora_layer) and "default" in module.scaling}  # fmt: skip
 
 
-def full_payload(state: dict[str, torch.Tensor], version: int) -> Payload:
+def full_payload(state: dict[str, torch.Tensor], version: int, run: str = "") -> Payload:
     """Whole tensors under their base names (a LoRA policy's factors left out). A tensor that shares
     its storage with one already named (a tied ``lm_head``) is left out too: the server's copy is tied
     the same way and follows, and sending it again would add the vocabulary matrix to every push."""
@@ -48,10 +48,10 @@ def full_payload(state: dict[str, torch.Tensor], version: int) -> Payload:
         if storage not in seen:
             seen.add(storage)
             tensors[base_name(name)] = value
-    return Payload("full", version, tensors)
+    return Payload("full", version, tensors, run=run)
 
 
-def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], version: int) -> Payload:
+def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], version: int, run: str = "") -> Payload:
     """The adapter's factors as ``<layer>.lora_A``/``<layer>.lora_B`` with each layer's scaling."""
     tensors = {}
     for name, value in state.items():
@@ -60,13 +60,15 @@ def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], ver
             if name.endswith(marker):
                 tensors[f"{base_name(name[: -len(marker)])}.{factor}"] = value
     layers = {k.rsplit(".", 1)[0] for k in tensors}
-    return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers})
+    return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers}, run)
 
 
-def payloads(state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool) -> list[Payload]:
-    """What one server is sent for ``version``: a LoRA policy's factors (after the whole base model when
-    ``whole``: the server's first push), or the full tensors."""
+def payloads(
+    state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool, run: str = ""
+) -> list[Payload]:
+    """What one server is sent for ``version`` of ``run``: a LoRA policy's factors (after the whole base
+    model when ``whole``: the server's first push), or the full tensors."""
     if not scalings:
-        return [full_payload(state, version)]
-    parts = [lora_payload(state, scalings, version)]
-    return [full_payload(state, version), *parts] if whole else parts
+        return [full_payload(state, version, run)]
+    parts = [lora_payload(state, scalings, version, run)]
+    return [full_payload(state, version, run), *parts] if whole else parts

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from bridges.models.weight_payload import KINDS, Payload, WeightPayloadError
+from bridges.models.weight_payload import (
+    KINDS,
+    Payload,
+    WeightPayloadError,
+    checked_run,
+    checked_scaling,
+    checked_version,
+)
 
 BACKENDS = ("gloo", "nccl")
 BUCKET_BYTES = 256 * 1024**2  # consecutive tensors of one dtype travel in one broadcast up to this size
@@ -43,18 +50,19 @@ class Manifest:
     version: int
     scaling: dict[str, float]
     tensors: list[tuple[str, torch.dtype, tuple[int, ...]]]  # name, dtype, shape, in broadcast order
+    run: str = ""
 
     @classmethod
     def of(cls, payload: Payload, push: int) -> Manifest:
         tensors = [(name, t.dtype, tuple(t.shape)) for name, t in payload.tensors.items()]
-        return cls(push, payload.kind, payload.version, dict(payload.scaling), tensors)
+        return cls(push, payload.kind, payload.version, dict(payload.scaling), tensors, payload.run)
 
     def nbytes(self) -> int:
         return sum(math.prod(shape) * dtype.itemsize for _, dtype, shape in self.tensors)
 
     def to_json(self) -> dict[str, Any]:
         return {"channel": {"push": self.push}, "kind": self.kind, "version": self.version,
-                "scaling": self.scaling,
+                "scaling": self.scaling, "run": self.run,
                 "tensors": [[n, str(d).removeprefix("torch."), list(s)] for n, d, s in self.tensors]}  # fmt: skip
 
     @classmethod
@@ -62,8 +70,11 @@ class Manifest:
         """The manifest in a request body, or ``WeightPayloadError`` saying what is wrong with it."""
         try:
             tensors = [(str(n), _DTYPES[d], tuple(int(x) for x in s)) for n, d, s in body["tensors"]]
-            manifest = cls(int(body["channel"]["push"]), str(body["kind"]), int(body["version"]),
-                           {str(k): float(v) for k, v in dict(body.get("scaling") or {}).items()}, tensors)  # fmt: skip
+            push = checked_version(body["channel"]["push"])  # the trainer's push counter: the same bound
+            manifest = cls(push, str(body["kind"]), checked_version(body["version"]),
+                           checked_scaling(body.get("scaling")), tensors, checked_run(body.get("run")))  # fmt: skip
+        except WeightPayloadError:
+            raise
         except (KeyError, TypeError, ValueError, AttributeError):
             raise WeightPayloadError(
                 "a channel push's body must be a manifest: {channel: {push}, kind, version, scaling, "
@@ -115,6 +126,12 @@ class Pair:
 
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         return cls(store, prefix, 1, backend, timeout_s, device)
+
+    def close(self) -> None:
+        """End the group (a replaced or broken pair); its sockets close with it."""
+        with contextlib.suppress(RuntimeError):
+            self.group.abort()
+        self.group = None
 
     def mark_ready(self, push: int) -> None:
         self.store.set(f"ready/{push}", "1")

@@ -1,7 +1,8 @@
 """New weights as bytes: what a trainer sends an inference server, and how the server applies them.
 
 A payload is one safetensors file: the tensors, and in its metadata the ``weight_version`` they
-become and their kind. ``full``: tensors by the model's own names (any subset), copied in.
+become, the trainer run that numbers them (``run``: versions are ordered within a run only, so a
+resumed or new trainer is not refused by a server holding another run's higher number) and their kind. ``full``: tensors by the model's own names (any subset), copied in.
 ``lora``: for each adapted linear layer ``<module>``, ``<module>.lora_A`` and ``<module>.lora_B``
 with its scaling; the server computes ``W = W_base + scaling · B @ A`` on its own copy. Why LoRA
 travels as factors: an adapter is a few MB where the merged layers are the size of the model, and
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,8 @@ import torch
 from bridges.runtime.errors import BridgesError
 
 KINDS = ("full", "lora")
+MAX_VERSION = 10**12  # a step count: no trainer gets near it, and a push cannot pin a server past it
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class WeightPayloadError(BridgesError, ValueError):
@@ -36,6 +41,53 @@ class Payload:
     version: int
     tensors: dict[str, torch.Tensor]
     scaling: dict[str, float] = field(default_factory=dict)  # lora: per module
+    run: str = ""  # the trainer run that numbers ``version`` ("": none said)
+
+
+def checked_version(value: Any) -> int:
+    """A weight version as sent (ASCII digits, or a JSON integer), at most ``MAX_VERSION``."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 13:
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= MAX_VERSION:
+        raise WeightPayloadError(
+            f"a weight version is a whole number from 0 to {MAX_VERSION} in ASCII digits, not {str(value)[:40]!r}."
+        )
+    return value
+
+
+def checked_run(value: Any) -> str:
+    """A run id as sent: empty, or 1-64 of ``[A-Za-z0-9._-]``."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not RUN_ID.fullmatch(value):
+        raise WeightPayloadError(f"a push's run id is 1-64 of A-Z a-z 0-9 . _ -, not {str(value)[:40]!r}.")
+    return value
+
+
+def checked_scaling(raw: Any) -> dict[str, float]:
+    """Per-layer LoRA scalings: a JSON object of finite numbers."""
+    try:
+        scaling = {str(k): float(v) for k, v in dict(raw or {}).items()}
+    except (ValueError, TypeError):
+        raise WeightPayloadError("the payload's scaling must be a JSON object of numbers.") from None
+    if not all(math.isfinite(v) for v in scaling.values()):
+        raise WeightPayloadError("the payload's scaling holds NaN or an infinite number.")
+    return scaling
+
+
+def check_values(tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor] | None) -> None:
+    """Every tensor finite, and floating point where the model's is (``state``; every one without it):
+    a NaN, an infinity or an integer tensor cast into a weight would break every request after it."""
+    for name, value in tensors.items():
+        own = state.get(name) if state is not None else None
+        floating = own.is_floating_point() if own is not None else True
+        if value.is_floating_point() != floating:
+            kind = "floating point" if floating else str(own.dtype if own is not None else "")
+            raise WeightPayloadError(
+                f"the payload's '{name[:160]}' is {str(value.dtype).removeprefix('torch.')}; this model's is {kind}."
+            )
+        if floating and not bool(torch.isfinite(value).all()):
+            raise WeightPayloadError(f"the payload's '{name[:160]}' holds NaN or infinite values.")
 
 
 def encode(payload: Payload) -> bytes:
@@ -43,7 +95,8 @@ def encode(payload: Payload) -> bytes:
     each name carries its own bytes (safetensors refuses shared storage)."""
     from safetensors.torch import save
 
-    metadata = {"kind": payload.kind, "version": str(payload.version), "scaling": json.dumps(payload.scaling)}
+    metadata = {"kind": payload.kind, "version": str(payload.version), "scaling": json.dumps(payload.scaling),
+                "run": payload.run}  # fmt: skip
     tensors, seen = {}, set()
     for name, value in payload.tensors.items():
         value = value.detach().contiguous().cpu()
@@ -65,18 +118,15 @@ def decode(data: bytes) -> Payload:
         raise WeightPayloadError(
             f"the body is not a safetensors file ({' '.join(str(exc).split())[:200]})."
         ) from None
-    kind, version = metadata.get("kind"), metadata.get("version", "")
+    kind = metadata.get("kind")
     if kind not in KINDS:
-        raise WeightPayloadError(f"the payload's metadata must say kind 'full' or 'lora', not {kind!r}.")
-    if not version.isdigit():
-        raise WeightPayloadError(
-            f"the payload's metadata must give version as a whole number, not {version!r}."
-        )
+        raise WeightPayloadError(f"the payload's metadata must say kind 'full' or 'lora', not {str(kind)[:40]!r}.")
+    version, run = checked_version(metadata.get("version", "")), checked_run(metadata.get("run"))
     try:
-        scaling = {str(k): float(v) for k, v in json.loads(metadata.get("scaling") or "{}").items()}
-    except (ValueError, TypeError, AttributeError):
+        raw_scaling = json.loads(metadata.get("scaling") or "{}")
+    except ValueError:
         raise WeightPayloadError("the payload's scaling must be a JSON object of numbers.") from None
-    return Payload(kind, int(version), tensors, scaling)
+    return Payload(kind, version, tensors, checked_scaling(raw_scaling), run)
 
 
 class LoraMerger:

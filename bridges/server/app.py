@@ -100,11 +100,12 @@ class _Endpoints:
     """The server's request handlers over one client; every client error is a 4xx in OpenAI's shape."""
 
     def __init__(
-        self, client: Any, api_key: str | None, limits: ServeLimits, identity: dict[str, str]
-    ) -> None:
+        self, client: Any, api_key: str | None, limits: ServeLimits, identity: dict[str, str],
+        weights: WeightEndpoints,
+    ) -> None:  # fmt: skip
         from bridges.server.schema import openapi_document
 
-        self.client, self.limits, self.identity = client, limits, identity
+        self.client, self.limits, self.identity, self.weights = client, limits, identity, weights
         self.names = list(limits.model_names or (client.model_name,))
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.document = openapi_document(self.names, limits.max_n, len(client.engine.tokenizer))
@@ -216,7 +217,8 @@ class _Endpoints:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "model": self.client.model_name,
-                             "weight_version": int(self.client.engine.weight_version), **self.identity,
+                             "weight_version": int(self.client.engine.weight_version),
+                             "weight_run": self.weights.run, **self.identity,
                              "weight_channels": WeightEndpoints.channels()})  # fmt: skip
 
     async def openapi(self, request: Any) -> Any:
@@ -261,6 +263,7 @@ class WeightUpdates:
     key: str | None = None
     model: Any = None
     max_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES
+    channel_hosts: tuple[str, ...] = ()  # trainer hosts a channel join may name besides its own address
 
 
 def create_app(
@@ -275,9 +278,10 @@ def create_app(
     from starlette.routing import Route
 
     limits, updates = limits or ServeLimits(), updates or WeightUpdates()
-    e = _Endpoints(client, api_key, limits, identity or {})
+    weights = WeightEndpoints(client.engine, updates.key, updates.model, _read_limited, updates.max_bytes,
+                              updates.channel_hosts)  # fmt: skip
+    e = _Endpoints(client, api_key, limits, identity or {}, weights)
     sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw)
-    weights = WeightEndpoints(client.engine, updates.key, updates.model, _read_limited, updates.max_bytes)
     routes = [
         *sessions.routes(),
         *weights.routes(),
@@ -300,8 +304,9 @@ def serve_in_thread(
     log_level: str = "warning",
     limits: ServeLimits | None = None,
     updates: WeightUpdates | None = None,
+    identity: dict[str, str] | None = None,
 ) -> ServerThread:
     """Serve ``client`` on ``host:port`` (0 = a free port) in a background thread; returns the handle."""
     check_bind(host, api_key)
-    app = create_app(client, api_key=api_key, limits=limits, updates=updates)
+    app = create_app(client, api_key=api_key, limits=limits, updates=updates, identity=identity)
     return ServerThread(app, host=host, port=port, log_level=log_level)

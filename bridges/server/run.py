@@ -53,6 +53,9 @@ class ServeConfig:
     max_weights_bytes: int = option(
         DEFAULT_MAX_WEIGHTS_BYTES, ge=1024, help="larger weight pushes are refused with 413"
     )
+    channel_hosts: str | None = option(
+        None, help="comma-separated trainer hosts a weight channel may join besides the address its request came from"
+    )
     access_log: bool = option(True, help="one line per request on stderr: method, path, status, latency")
     log_level: str = option("warning", help="uvicorn's log level")
 
@@ -87,6 +90,8 @@ def serve(config: ServeConfig) -> int:
     from bridges.client import EngineClient
 
     check_bind(config.host, config.api_key)
+    if config.weights_key is not None and config.weights_key == config.api_key:
+        raise ConfigError("weights_key must differ from api_key: whoever may sample could change the weights.")
     names = tuple(n.strip() for n in (config.served_model_name or config.model).split(",") if n.strip())
     if not names:
         raise ConfigError("served_model_name names no model; give one name or comma-separated names.")
@@ -104,8 +109,9 @@ def serve(config: ServeConfig) -> int:
         family=None if config.family == "auto" else config.family,
     )
     limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log)
+    hosts = tuple(h.strip() for h in (config.channel_hosts or "").split(",") if h.strip())
     updates = WeightUpdates(
-        config.weights_key, engine.model if config.engine == "hf" else None, config.max_weights_bytes
+        config.weights_key, engine.model if config.engine == "hf" else None, config.max_weights_bytes, hosts
     )
     app = create_app(
         client, api_key=config.api_key, limits=limits, updates=updates, identity=identity(config, engine)
