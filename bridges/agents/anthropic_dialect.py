@@ -23,6 +23,14 @@ from typing import Any
 
 from bridges.agents.sessions import Session, SessionRefusal
 
+NAME = "Messages"
+# the top-level fields read here and their JSON types (null is taken as absent): checked before reading
+FIELD_TYPES: dict[str, tuple[str, ...]] = {
+    "messages": ("array",), "system": ("string", "array"), "max_tokens": ("integer",),
+    "stop_sequences": ("array",), "tools": ("array",), "tool_choice": ("object",), "temperature": ("number",),
+    "top_p": ("number",), "top_k": ("integer",), "stream": ("boolean",), "metadata": ("object",),
+}  # fmt: skip
+
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 

@@ -23,6 +23,14 @@ from typing import Any
 from bridges.agents.sessions import Session, SessionRefusal
 
 SAMPLING_KEYS = ("temperature", "top_p", "parallel_tool_calls", "user", "metadata", "seed")
+NAME = "Responses"
+# the top-level fields read here and their JSON types (null is taken as absent): checked before reading
+FIELD_TYPES: dict[str, tuple[str, ...]] = {
+    "previous_response_id": ("string",), "instructions": ("string",), "input": ("string", "array"),
+    "tools": ("array",), "tool_choice": ("string", "object"), "max_output_tokens": ("integer",),
+    "temperature": ("number",), "top_p": ("number",), "seed": ("integer",), "stream": ("boolean",),
+    "background": ("boolean",), "parallel_tool_calls": ("boolean",), "user": ("string",), "metadata": ("object",),
+}  # fmt: skip
 
 
 def _refuse(message: str) -> SessionRefusal:

@@ -42,6 +42,21 @@ def refusal_reply(status: int, message: str, code: str, anthropic: bool = False)
     return json_reply(status, anthropic_dialect.error_shape(body) if anthropic else body)
 
 
+_JSON_TYPES: dict[str, Any] = {"string": str, "array": list, "object": dict, "boolean": bool,
+                               "integer": int, "number": (int, float)}  # fmt: skip
+
+
+def check_field_types(body: dict[str, Any], types: dict[str, tuple[str, ...]]) -> None:
+    """Each listed field, when present and not null, of one of its JSON types (a bool is no number)."""
+    for key, allowed in types.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        is_bool = isinstance(value, bool)
+        if not any(isinstance(value, _JSON_TYPES[t]) and (t == "boolean" or not is_bool) for t in allowed):
+            raise SessionRefusal(400, f"'{key}' must be {' or '.join(allowed)}.", "invalid_type")
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The request's JSON object, or the refusal that says why not."""
     try:
@@ -56,13 +71,19 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) -> Reply:
     """One POST on ``/s/<session_id>/v1/<route>``."""
     anthropic = route == "messages"
+    dialect = DIALECTS.get(route)
     try:
         session = sessions.find(session_id)
         body = parse_body(raw)
-        dialect = DIALECTS.get(route)
+        if dialect is not None:
+            check_field_types(body, dialect.FIELD_TYPES)
         chat = dialect.to_chat(body, session) if dialect is not None else body
     except SessionRefusal as refusal:
         return refusal_reply(refusal.status, refusal.message, refusal.code, anthropic)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError):  # a shape deeper than the checks
+        name = dialect.NAME if dialect is not None else "Chat Completions"
+        return refusal_reply(400, f"the request body is not a well-formed {name} request.", "invalid_request",
+                             anthropic)  # fmt: skip
     status, payload = await answer_chat(session, chat)
     if status != 200:
         return json_reply(status, anthropic_dialect.error_shape(payload) if anthropic else payload)

@@ -9,9 +9,11 @@ another program can be pointed at a base URL and nothing else (``OPENAI_BASE_URL
 so it can neither read nor add to another rollout's record.
 
 What a session refuses, each with one sentence: an unknown id (404); a closed one (410: its rollout
-has ended, so a late call cannot change what was trained); a call past its cap on calls or on
-sampled tokens (429; the rollout is then masked with that reason, since an agent cut off mid-work
-is not the agent's episode).
+has ended, so a late call cannot change what was trained); a call past its cap on calls, on sampled
+tokens or on prompt tokens summed over its calls (429; the rollout is then masked with that reason,
+since an agent cut off mid-work is not the agent's episode). A server's sessions also share a budget
+of recorded tokens (``TokenBudget``: what they hold in memory, 429 past it) and close after
+``idle_s`` without a call (a crashed harness's sessions do not stay until restart).
 
 The rollout's own sampling arguments (temperature, max_tokens, seed, what the backend adds) win
 over what the agent asks for, and the model name the agent sends is ignored: the logprobs a trainer
@@ -21,6 +23,7 @@ uses must be those of the distribution the policy was sampled from.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,28 @@ REMEMBERED_CLOSED = 4096  # closed ids kept so that a late call hears 410 rather
 # call k of a seeded rollout samples with seed + k * SEED_STRIDE: one seed for every call would replay
 # the same random draws on each (a near-uniform policy then repeats its first reply word for word)
 SEED_STRIDE = 1_000_003
+
+
+# what one recorded token costs in memory (measured on the hf engine: ids, logprobs, the messages and
+# the response objects kept per call; an alternative of top_logprobs is an object of its own)
+BYTES_PER_PROMPT_TOKEN, BYTES_PER_SAMPLED_TOKEN, BYTES_PER_TOP_LOGPROB = 80, 300, 750
+
+
+@dataclass
+class TokenBudget:
+    """The memory the open sessions of one server hold in their records (estimated bytes), against a limit."""
+
+    limit: int
+    used: int = 0
+
+
+def recorded_bytes(response: Any, prompt: int, sampled: int) -> int:
+    """The estimated memory of one recorded call (``BYTES_PER_*``)."""
+    alternatives = 0
+    for choice in getattr(response, "choices", None) or []:
+        content = getattr(getattr(choice, "logprobs", None), "content", None) or []
+        alternatives += sum(len(getattr(token, "top_logprobs", None) or []) for token in content)
+    return BYTES_PER_PROMPT_TOKEN * prompt + BYTES_PER_SAMPLED_TOKEN * sampled + BYTES_PER_TOP_LOGPROB * alternatives
 
 
 class SessionRefusal(Exception):
@@ -63,10 +88,15 @@ class Session:
     forced: dict[str, Any]  # the rollout's sampling arguments, which win over the agent's
     max_calls: int = MAX_CALLS
     max_sampled_tokens: int = MAX_SAMPLED_TOKENS
+    max_prompt_tokens: int | None = None  # summed over calls (None: no cap, as in-process)
+    budget: TokenBudget | None = None  # the server's, shared by its sessions
     responses: list[Any] = field(default_factory=list)
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)  # each answered call's messages
     sampled_tokens: int = 0
+    prompt_tokens: int = 0
+    held_bytes: int = 0  # recorded_bytes of its calls, counted against ``budget``
     calls_started: int = 0
+    last_used: float = field(default_factory=time.monotonic)
     over_cap: str | None = None  # why the rollout is masked: the agent went past a cap
     closed: bool = False
     threads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses ids -> conversation
@@ -81,12 +111,18 @@ class Session:
         """Count a call in, or refuse it (closed, or past a cap)."""
         if self.closed:
             raise closed_refusal()
+        self.last_used = time.monotonic()
         if self.calls_started >= self.max_calls:
             self.over_cap = f"the agent made more than {self.max_calls} model calls (max_calls)."
         elif self.sampled_tokens >= self.max_sampled_tokens:
             self.over_cap = f"the agent's calls sampled more than {self.max_sampled_tokens} tokens (max_sampled_tokens)."
+        elif self.max_prompt_tokens is not None and self.prompt_tokens >= self.max_prompt_tokens:
+            self.over_cap = f"the agent's prompts summed to more than {self.max_prompt_tokens} tokens (max_prompt_tokens)."
         if self.over_cap is not None:
             raise SessionRefusal(429, f"this session is over its cap: {self.over_cap}", "session_cap")
+        if self.budget is not None and self.budget.used >= self.budget.limit:
+            raise SessionRefusal(429, f"this server's sessions hold {self.budget.limit / 2**30:.1f} GiB of records, "
+                                 "the most it keeps; close finished sessions.", "server_sessions_full")  # fmt: skip
         self.calls_started += 1
 
     def record(self, messages: list[dict[str, Any]], response: Any) -> None:
@@ -96,32 +132,55 @@ class Session:
         self.responses.append(response)
         self.conversations.append(messages)
         usage = getattr(response, "usage", None)
-        self.sampled_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        sampled, prompt = int(getattr(usage, "completion_tokens", 0) or 0), int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.sampled_tokens, self.prompt_tokens = self.sampled_tokens + sampled, self.prompt_tokens + prompt
+        self.last_used = time.monotonic()
+        held = recorded_bytes(response, prompt, sampled)
+        self.held_bytes += held
+        if self.budget is not None:
+            self.budget.used += held
 
 
 class Sessions:
-    """The open sessions of one server, by id, and the recently closed ones (for 410)."""
+    """The open sessions of one server, by id, and the recently closed ones (for 410). ``idle_s``: a
+    session with no call for that long is closed; ``budget``: the recorded tokens all may hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float | None = None, budget: TokenBudget | None = None) -> None:
         self._open: dict[str, Session] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
+        self.idle_s, self.budget = idle_s, budget
+        self._next_scan = 0.0  # idle sessions are looked for at most once a second
 
     def open(
         self, client: Any, model: str, forced: dict[str, Any], max_calls: int = MAX_CALLS,
-        max_sampled_tokens: int = MAX_SAMPLED_TOKENS,
+        max_sampled_tokens: int = MAX_SAMPLED_TOKENS, max_prompt_tokens: int | None = None,
     ) -> Session:  # fmt: skip
-        session = Session(secrets.token_urlsafe(24), client, model, dict(forced), max_calls, max_sampled_tokens)
+        self.close_idle()
+        session = Session(secrets.token_urlsafe(24), client, model, dict(forced), max_calls, max_sampled_tokens,
+                          max_prompt_tokens, self.budget)  # fmt: skip
         self._open[session.id] = session
         return session
 
     def close(self, session: Session) -> None:
         session.closed = True
         if self._open.pop(session.id, None) is not None:
+            if session.budget is not None:
+                session.budget.used -= session.held_bytes
             self._closed[session.id] = None
             while len(self._closed) > REMEMBERED_CLOSED:
                 self._closed.popitem(last=False)
 
+    def close_idle(self) -> None:
+        """Close the sessions with no call for ``idle_s`` (their harness crashed or forgot them)."""
+        now = time.monotonic()
+        if self.idle_s is None or now < self._next_scan:
+            return
+        self._next_scan, cutoff = now + 1.0, now - self.idle_s
+        for session in [s for s in self._open.values() if s.last_used < cutoff]:
+            self.close(session)
+
     def find(self, session_id: str) -> Session:
+        self.close_idle()
         session = self._open.get(session_id)
         if session is not None:
             return session

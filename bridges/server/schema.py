@@ -134,6 +134,9 @@ def _responses(ok: str) -> dict[str, Any]:
         "401": {"description": "missing or wrong API key", **error},
         "404": {"description": "unknown model or path", **error},
         "413": {"description": "the body is larger than max_body_bytes", **error},
+        "4XX": {"description": "refused: no weights key (403), stale weights (409), a closed session (410), "
+                               "a cap (429)", **error},
+        "5XX": {"description": "the engine or a weight channel is unavailable (503, 504)", **error},
     }
 
 
@@ -197,6 +200,75 @@ def _request_bodies(
     return chat, completion
 
 
+def _responses_request() -> dict[str, Any]:
+    """A Responses API body, as a session's ``/responses`` reads it (``responses_dialect``)."""
+    item = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+            "properties": {"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
+                           "content": {"type": "string"}}}  # fmt: skip
+    return {
+        "type": "object", "required": ["input"], "additionalProperties": False,
+        "properties": {
+            "input": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": item}]},
+            "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
+            "previous_response_id": {"type": "string"}, "tools": {"type": "array", "items": {"type": "object"}},
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    }  # fmt: skip
+
+
+def _messages_request() -> dict[str, Any]:
+    """An Anthropic Messages body, as a session's ``/messages`` reads it (``anthropic_dialect``)."""
+    message = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+               "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string", "minLength": 1}}}  # fmt: skip
+    return {
+        "type": "object", "required": ["max_tokens", "messages"], "additionalProperties": False,
+        "properties": {
+            "max_tokens": {"type": "integer", "minimum": 1}, "messages": {"type": "array", "minItems": 1, "items": message},
+            "system": {"type": "string"}, "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "stream": {"type": "boolean"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+        },
+    }  # fmt: skip
+
+
+def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
+    """Sessions (``bridges.server.sessions``) and weight pushes (``bridges.server.weights``)."""
+    session_id = {"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}
+    opened = {"type": "object", "additionalProperties": False,
+              "properties": {"max_calls": {"type": "integer", "minimum": 1, "maximum": 1024},
+                             "max_sampled_tokens": {"type": "integer", "minimum": 1, "maximum": 1_048_576},
+                             "max_prompt_tokens": {"type": "integer", "minimum": 1, "maximum": 4_194_304},
+                             "sampling": {"type": "object"}}}  # fmt: skip
+    join = {"type": "object", "required": ["host", "port", "prefix", "backend"],
+            "properties": {"host": {"type": "string"}, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                           "prefix": {"type": "string", "minLength": 1}, "backend": {"enum": ["gloo", "nccl"]},
+                           "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}}  # fmt: skip
+    weights = {"required": True, "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "application/json": {"schema": {"type": "object", "required": ["channel", "kind", "version", "tensors"]}}}}  # fmt: skip
+
+    def op(name: str, answer: str, body: dict[str, Any] | None = None, params: list[Any] | None = None) -> dict[str, Any]:
+        operation: dict[str, Any] = {"operationId": name, "responses": _responses(answer)}
+        if body is not None:
+            operation["requestBody"] = body
+        if params:
+            operation["parameters"] = params
+        return operation
+
+    return {
+        "/v1/sessions": {"post": op("open_session", "the session's id and base URLs", _json_body(opened))},
+        "/v1/sessions/{session}": {"get": op("session_record", "the session's record", params=[session_id]),
+                                   "delete": op("close_session", "the closed session's record", params=[session_id])},
+        "/s/{session}/v1/chat/completions": {"post": op("session_chat", "a chat completion", _json_body(chat), [session_id])},
+        "/s/{session}/v1/responses": {"post": op("session_responses", "a response", _json_body(_responses_request()), [session_id])},
+        "/s/{session}/v1/messages": {"post": op("session_messages", "a message", _json_body(_messages_request()), [session_id])},
+        "/s/{session}/v1/models": {"get": op("session_models", "the session's model", params=[session_id])},
+        "/v1/weights": {"post": op("push_weights", "the new weight version", weights)},
+        "/v1/weights/channel": {"post": op("join_weight_channel", "the channel being joined", _json_body(join))},
+    }  # fmt: skip
+
+
 def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dict[str, Any]:
     """The OpenAPI 3.1 description of every endpoint the server answers (``vocabulary``: the tokenizer's
     size, which bounds the token ids a completion prompt may hold)."""
@@ -230,5 +302,6 @@ def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dic
                 }
             },
             "/health": {"get": {"operationId": "health", "responses": _responses("the server is up")}},
+            **_session_and_weight_paths(chat),
         },
     }

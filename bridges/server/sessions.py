@@ -10,9 +10,16 @@ rollout, hands its base URL to the agent, and reads the token-exact turns back w
 
 Managing sessions takes the server's API key; calling one takes only its URL (the id is the
 capability, as for the in-process loopback server). The calls are answered by
-``bridges.agents.session_routes``, the same code the in-process server uses. At most
-``MAX_OPEN_SESSIONS`` are open at once (429 beyond): a harness that forgets to close them cannot
-grow the server without bound.
+``bridges.agents.session_routes``, the same code the in-process server uses.
+
+Bounds, so that no client can grow the server without limit: at most ``MAX_OPEN_SESSIONS`` open at
+once (429 beyond); per session ``max_calls``, ``max_sampled_tokens`` and ``max_prompt_tokens`` (summed
+over its calls: a multi-turn agent resends its history) up to the ``CEILINGS``; all sessions together
+hold at most ``MEMORY_BUDGET`` bytes of records (``sessions.recorded_bytes``: 80 bytes a prompt token,
+300 a sampled one, 750 more for each of its top_logprobs alternatives, measured on the hf engine);
+a session with no call for ``IDLE_S`` is closed. At the default caps a session holds at most about
+60 MB without top_logprobs (a cap is checked before each call, so the last call may pass it by one
+prompt and one reply).
 """
 
 from __future__ import annotations
@@ -21,9 +28,20 @@ from typing import Any
 
 from bridges.agents import session_routes
 from bridges.agents.session_routes import ROUTES, Reply
-from bridges.agents.sessions import MAX_CALLS, MAX_SAMPLED_TOKENS, Session, SessionRefusal, Sessions
+from bridges.agents.sessions import (
+    MAX_CALLS,
+    MAX_SAMPLED_TOKENS,
+    Session,
+    SessionRefusal,
+    Sessions,
+    TokenBudget,
+)
 
 MAX_OPEN_SESSIONS = 1024
+MAX_PROMPT_TOKENS = 524_288  # the default cap, summed over a session's calls
+CEILINGS = {"max_calls": 1024, "max_sampled_tokens": 1_048_576, "max_prompt_tokens": 4_194_304}
+MEMORY_BUDGET = 4 * 1024**3
+IDLE_S = 900.0
 
 
 def _starlette(reply: Reply) -> Any:
@@ -34,9 +52,13 @@ def _starlette(reply: Reply) -> Any:
 
 
 def _cap(body: dict[str, Any], key: str, default: int) -> int:
+    """A cap the client asks for, from 1 to this server's ceiling (an integral float counts: JSON has one
+    number type)."""
     value = body.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise SessionRefusal(400, f"'{key}' must be a positive integer.", "invalid_session")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= CEILINGS[key]:
+        raise SessionRefusal(400, f"'{key}' must be an integer from 1 to {CEILINGS[key]}.", "invalid_session")
     return value
 
 
@@ -52,7 +74,7 @@ class SessionEndpoints:
 
     def __init__(self, client: Any, model: str, guard: Any, read_body: Any) -> None:
         self.client, self.model, self.guard, self.read_body = client, model, guard, read_body
-        self.sessions = Sessions()
+        self.sessions = Sessions(idle_s=IDLE_S, budget=TokenBudget(MEMORY_BUDGET))
 
     async def open(self, request: Any) -> Any:
         denied = self.guard(request)
@@ -61,13 +83,15 @@ class SessionEndpoints:
         try:
             raw = await self.read_body(request)
             body = session_routes.parse_body(raw) if raw.strip() else {}
+            self.sessions.close_idle()
             if len(self.sessions) >= MAX_OPEN_SESSIONS:
                 raise SessionRefusal(429, f"{MAX_OPEN_SESSIONS} sessions are open, the most this server keeps; "
                                      "close finished ones with DELETE /v1/sessions/{id}.", "too_many_sessions")  # fmt: skip
             sampling = body.get("sampling", {})
             if not isinstance(sampling, dict):
                 raise SessionRefusal(400, "'sampling' must be an object of sampling arguments.", "invalid_session")
-            caps = _cap(body, "max_calls", MAX_CALLS), _cap(body, "max_sampled_tokens", MAX_SAMPLED_TOKENS)
+            caps = (_cap(body, "max_calls", MAX_CALLS), _cap(body, "max_sampled_tokens", MAX_SAMPLED_TOKENS),
+                    _cap(body, "max_prompt_tokens", MAX_PROMPT_TOKENS))  # fmt: skip
         except SessionRefusal as refusal:
             return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code))
         session = self.sessions.open(self.client, self.model, sampling, *caps)

@@ -55,5 +55,5 @@ async def test_bad_session_requests_are_one_sentence(scripted: Any):
                 await http.post(f"{server.url}/s/nope/v1/messages", json={"max_tokens": 1, "messages": []}),
             ]
     assert [a.status_code for a in answers] == [400, 400, 400, 404, 404]
-    assert "'max_calls' must be a positive integer." in answers[0].text
+    assert "'max_calls' must be an integer from 1 to 1024." in answers[0].text
     assert answers[4].json()["type"] == "error"  # the Anthropic route answers in Anthropic's error shape

@@ -122,11 +122,17 @@ def test_one_access_line_per_request(tiny_path: Path, capfd: pytest.CaptureFixtu
     assert lines[1].startswith(f"POST {CHAT} 404 ")
 
 
-def test_openapi_document_describes_every_endpoint(http: httpx.Client):
+def test_openapi_document_describes_every_endpoint(http: httpx.Client, hf_engine: Any):
+    """Every route the app serves (sessions and weights included) is in the document, with its methods."""
+    from bridges.client import EngineClient
+    from bridges.server.app import create_app
+
     document = http.get("/openapi.json").json()
     assert document["openapi"].startswith("3.")
-    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                      "/v1/models/{model}", "/health"}  # fmt: skip
+    served = {(route.path.replace(":path", ""), method.lower()) for route in create_app(EngineClient(hf_engine)).routes
+              for method in route.methods or () if method != "HEAD"}  # fmt: skip
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert served - {("/openapi.json", "get")} == documented
     chat_schema = document["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert chat_schema["properties"]["model"]["enum"] == ["tiny", "tiny-alias"]
     assert chat_schema["properties"]["n"]["maximum"] == 4
