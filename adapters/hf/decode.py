@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,9 @@ class RowRequest:
     max_new_tokens: int  # already clipped to the room left in the context window
     seed: int | None  # the per-row generator seed (see sampling.row_seed), None = global RNG
     stop_token_ids: frozenset[int]  # eos ids + the request's stop_token_ids
+    # set when the request's caller gave up (its timeout, a cancelled rollout): the row stops at its
+    # next step instead of decoding to max_new_tokens for nobody
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(slots=True)
@@ -154,6 +158,8 @@ def generate_batch(
                     result.top_logprobs.append(list(zip(top_ids[pos][:k], top_values[pos][:k], strict=True)))
                 if _finished(tokenizer, rows[row_index], result, token, stop_windows[row_index]):
                     alive[pos], n_alive = False, n_alive - 1
+                elif rows[row_index].abandoned.is_set():
+                    result.finish_reason, alive[pos], n_alive = "abort", False, n_alive - 1
         if n_alive == 0:
             return results
         if can_compact and len(active) - n_alive >= max(1, len(active) // 4):

@@ -17,6 +17,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections import deque
@@ -55,6 +56,13 @@ class _Request:
     def __post_init__(self) -> None:
         self.results = [None] * len(self.rows)
         self.remaining = len(self.rows)
+
+
+def _abandon_if_cancelled(rows: list[Any], future: asyncio.Future[Any]) -> None:
+    """The caller gave up on the request: its rows stop at their next decode step (in a running batch)."""
+    if future.cancelled():
+        for row in rows:
+            row.abandoned.set()
 
 
 @dataclass(eq=False)
@@ -138,6 +146,7 @@ class HFEngine:
         rows = self._rows(prompt_ids, params, n)
         loop = asyncio.get_running_loop()
         request = _Request(rows, loop.create_future())
+        request.future.add_done_callback(functools.partial(_abandon_if_cancelled, rows))
         queue = self._queue(loop)
         queue.pending.append(request)
         self.stats.requests += 1

@@ -11,7 +11,10 @@ engine sampled, whatever text verifiers' hooks later served to the agent. A per-
 by a header is also the seam agents in other programs use.
 
 The endpoint runs in the rollout's own event loop (aiohttp), binds 127.0.0.1
-only, and requires a bearer secret it makes itself.
+only, and requires a bearer secret it makes itself (compared in constant time). Sessions live under
+their episode: a call must name one (``X-Session-ID``, at most ``MAX_SESSION_ID`` characters), an
+episode opens at most ``MAX_SESSIONS_PER_EPISODE``, and ending an episode frees every session it
+opened, whether its rollout finished or failed.
 
 Seeds: verifiers sends every call of an episode with the episode's one sampling config, so every
 agent run in it (both seats of a hand, the ``n`` attempts of ``best-of-n`` at one identical prompt)
@@ -22,6 +25,7 @@ EPISODE_SEED_STRIDE``, and that session's call k with ``SEED_STRIDE`` more per c
 
 from __future__ import annotations
 
+import hmac
 import secrets
 from typing import Any
 
@@ -31,6 +35,8 @@ from bridges.agents.sessions import SEED_STRIDE, Session, SessionRefusal, answer
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_CALLS_PER_SESSION = 256
+MAX_SESSIONS_PER_EPISODE = 256
+MAX_SESSION_ID = 200
 EPISODE_SEED_STRIDE = MAX_CALLS_PER_SESSION * SEED_STRIDE  # past every call of the session before
 
 
@@ -44,7 +50,7 @@ class SessionEndpoint:
 
     def __init__(self) -> None:
         self.secret = secrets.token_urlsafe(24)
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, dict[str, Session]] = {}  # episode -> its sessions by X-Session-ID
         self.clients: dict[int, Any] = {}
         self.episodes: dict[str, int] = {}  # episode -> sessions it has opened (the next one's seed offset)
         self._runner: Any = None
@@ -58,11 +64,13 @@ class SessionEndpoint:
         return f"{self._root}/c/{id(client)}/e/{episode}/v1"
 
     def end_episode(self, episode: str) -> None:
+        """The episode is over (done or failed): its path stops answering and its sessions are freed."""
         self.episodes.pop(episode, None)
+        self.sessions.pop(episode, None)
 
-    def take(self, session_id: str) -> list[Any]:
-        """The responses recorded for ``session_id``, in order (forgotten here once taken)."""
-        session = self.sessions.pop(session_id, None)
+    def take(self, episode: str, session_id: str) -> list[Any]:
+        """The responses recorded for ``session_id`` of ``episode``, in order (forgotten here once taken)."""
+        session = self.sessions.get(episode, {}).pop(session_id, None)
         return session.responses if session is not None else []
 
     async def __aenter__(self) -> SessionEndpoint:
@@ -89,7 +97,8 @@ class SessionEndpoint:
     async def _chat(self, request: Any) -> Any:
         from aiohttp import web
 
-        if request.headers.get("Authorization") != f"Bearer {self.secret}":
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {self.secret}".encode()):
             return _error(web, 401, "the bearer secret is missing or wrong.")
         client = self.clients.get(
             int(request.match_info["client"]) if request.match_info["client"].isdigit() else -1
@@ -102,14 +111,29 @@ class SessionEndpoint:
             return _error(web, 413, f"the request body is larger than {MAX_BODY_BYTES} bytes.")
         except SessionRefusal as refusal:
             return _error(web, refusal.status, refusal.message)
-        key = request.headers.get(SESSION_HEADER, "")
-        session = self.sessions.get(key)
-        if session is None:  # verifiers sends each call with the seat's own model name and sampling
-            forced = self._session_seed(request.match_info["episode"], body.get("seed"))
-            session = Session(key, client, str(body.get("model", "")), forced, max_calls=MAX_CALLS_PER_SESSION)
-            self.sessions[key] = session
+        try:
+            session = self._session(request.match_info["episode"], request.headers.get(SESSION_HEADER, ""), client, body)
+        except SessionRefusal as refusal:
+            return _error(web, refusal.status, refusal.message)
         status, payload = await answer_chat(session, body)
         return web.json_response(payload, status=status)
+
+    def _session(self, episode: str, key: str, client: Any, body: dict[str, Any]) -> Session:
+        """The episode's session named ``key``, opened on its first call (verifiers sends each call with
+        the seat's own model name and sampling), or the refusal."""
+        if not 0 < len(key) <= MAX_SESSION_ID:
+            raise SessionRefusal(400, f"a call names its session in {SESSION_HEADER} (1-{MAX_SESSION_ID} characters).",
+                                 "invalid_session")  # fmt: skip
+        sessions = self.sessions.setdefault(episode, {})
+        session = sessions.get(key)
+        if session is None:
+            if len(sessions) >= MAX_SESSIONS_PER_EPISODE:
+                raise SessionRefusal(429, f"this episode opened {MAX_SESSIONS_PER_EPISODE} sessions, the most it may.",
+                                     "too_many_sessions")  # fmt: skip
+            forced = self._session_seed(episode, body.get("seed"))
+            session = Session(key, client, str(body.get("model", "")), forced, max_calls=MAX_CALLS_PER_SESSION)
+            sessions[key] = session
+        return session
 
     def _session_seed(self, episode: str, seed: Any) -> dict[str, Any]:
         """The seed a new session of ``episode`` samples with: the episode's, moved past its earlier

@@ -185,7 +185,7 @@ class V1Environment(Environment):
             try:
                 context = serving.context(client, model, sampling, number)
                 episode = await self.vf_env.run_slot(RunSlot(task), context)
-                calls = {trace.id: serving.endpoint.take(trace.id) for trace in episode.traces}
+                calls = {trace.id: serving.endpoint.take(number, trace.id) for trace in episode.traces}
             finally:
                 serving.endpoint.end_episode(number)
         for trace in episode.traces:  # a failed finalize() is the failure of every trace's sample

@@ -8,6 +8,7 @@ the engine and the client and hands them here.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -71,6 +72,15 @@ async def _read_limited(request: Any, limit: int, option: str) -> bytes:
                              "body_too_large") from None  # fmt: skip
 
 
+_SESSION_IN_PATH = re.compile(r"^(/s/|/v1/sessions/)[^/]+")
+
+
+def logged_path(path: str) -> str:
+    """``path`` as the access log prints it: a session id is its capability (whoever reads the log could
+    call the session), so it is left out."""
+    return _SESSION_IN_PATH.sub(r"\1<session>", path)
+
+
 def _access_log(app: Any) -> Any:
     """ASGI middleware: one stderr line per request (method, path, status, milliseconds)."""
 
@@ -90,7 +100,7 @@ def _access_log(app: Any) -> Any:
         finally:
             elapsed = (time.perf_counter() - started) * 1000
             print(
-                f"{scope['method']} {scope['path']} {status[0]} {elapsed:.1f}ms", file=sys.stderr, flush=True
+                f"{scope['method']} {logged_path(scope['path'])} {status[0]} {elapsed:.1f}ms", file=sys.stderr, flush=True
             )
 
     return logged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -238,6 +239,20 @@ async def test_a_cancelled_request_does_not_disturb_the_others(hf_engine, tiny_t
     [sample] = await kept
     assert len(sample.token_ids) == 5
     assert hf_engine.stats.rows == 1  # the cancelled request was never computed
+
+
+async def test_a_request_given_up_mid_batch_stops_decoding_at_its_next_step(hf_engine, tiny_tokenizer):
+    """Before, a timed-out request's row decoded to max_tokens for nobody, holding its batch that long.
+    Greedy from "count" never picks eos (above), so the kept row's 300 tokens are all "length"."""
+    params = SamplingParams(max_tokens=300, temperature=0.0)
+    doomed = asyncio.ensure_future(hf_engine.generate(encode(tiny_tokenizer, "count"), replace(params, max_tokens=1000)))
+    kept = asyncio.ensure_future(hf_engine.generate(encode(tiny_tokenizer, "count"), params))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(doomed), 0.05)  # the caller's own timeout
+    doomed.cancel()
+    [sample] = await kept
+    assert (len(sample.token_ids), sample.finish_reason) == (300, "length")
+    assert hf_engine.stats.rows == 2 and hf_engine.stats.tokens < 300 + 500, hf_engine.stats.tokens  # not 1,300
 
 
 def test_engine_serves_several_event_loops_in_turn(hf_engine, tiny_tokenizer):

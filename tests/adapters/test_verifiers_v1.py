@@ -177,8 +177,10 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
         for session in ("s1", "s2", "s1"):
             answer = await http.post(url, json=chat, headers={**auth, "X-Session-ID": session})
             assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["role"] == "assistant"
-        first, second = endpoint.take("s1"), endpoint.take("s2")
-        assert len(first) == 2 and len(second) == 1 and endpoint.take("s1") == []
+        first, second = endpoint.take("0", "s1"), endpoint.take("0", "s2")
+        assert len(first) == 2 and len(second) == 1 and endpoint.take("0", "s1") == []
+        unnamed = await http.post(url, json=chat, headers=auth)  # before: every such call shared one session
+        assert unnamed.status_code == 400 and "X-Session-ID" in unnamed.json()["error"]["message"]
         assert all(r.choices[0].token_ids for r in first + second)  # the sampled ids, kept per session
         v1_endpoint.MAX_CALLS_PER_SESSION, cap = 1, v1_endpoint.MAX_CALLS_PER_SESSION
         try:
@@ -189,3 +191,12 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
             assert capped.status_code == 429 and "cap" in capped.json()["error"]["message"]
         finally:
             v1_endpoint.MAX_CALLS_PER_SESSION = cap
+        v1_endpoint.MAX_SESSIONS_PER_EPISODE, most = 4, v1_endpoint.MAX_SESSIONS_PER_EPISODE
+        try:  # a caller inventing session ids: capped per episode, and all freed when the episode ends
+            statuses = [(await http.post(url, json=chat, headers={**auth, "X-Session-ID": f"x{i}"})).status_code
+                        for i in range(5)]  # fmt: skip
+        finally:
+            v1_endpoint.MAX_SESSIONS_PER_EPISODE = most
+        assert statuses == [200, 200, 200, 429, 429]  # s1 and s2 were taken: s3 and x0-x2 fill the four
+        endpoint.end_episode("0")  # as after a failed episode, whose sessions were never taken
+        assert endpoint.sessions == {} and (await http.post(url, json=chat, headers={**auth, "X-Session-ID": "y"})).status_code == 404

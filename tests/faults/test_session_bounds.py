@@ -129,3 +129,17 @@ async def test_the_memory_estimate_covers_what_a_record_holds(hf_engine: Any, to
     assert measured <= estimated <= 4 * measured, (measured, estimated)
     assert recorded_bytes(None, 10, 1) == 80 * 10 + 300
     assert time.monotonic() - session.last_used < 60
+
+
+def test_the_access_log_never_prints_a_session_id(scripted: Any, capfd: pytest.CaptureFixture[str]):
+    """A session's id is its capability: a log reader must not be able to call the session."""
+    from bridges.server.app import ServeLimits
+
+    client, _ = scripted()
+    with serve_in_thread(client, limits=ServeLimits(access_log=True)) as served:
+        opened = open_session(served).json()
+        httpx.post(f"{opened['base_url']}/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        httpx.get(f"{served.url}/v1/sessions/{opened['id']}")
+    log = capfd.readouterr().err
+    assert opened["id"] not in log
+    assert "POST /s/<session>/v1/chat/completions 200" in log and "GET /v1/sessions/<session> 200" in log

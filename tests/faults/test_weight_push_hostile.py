@@ -306,3 +306,16 @@ async def test_a_resumed_trainer_numbers_its_pushes_from_its_step(served: Any, t
     await rollouts.update_weights(dict(policy.state_dict()), policy)
     await rollouts.update_weights(dict(policy.state_dict()), policy)
     assert engine.weight_version == 9 and httpx.get(f"{server.url}/health").json()["weight_run"] == "resumed"
+
+
+def test_a_weights_key_equal_to_the_api_key_is_refused(capsys: pytest.CaptureFixture[str]):
+    """Whoever may sample could otherwise change what everyone samples."""
+    import bridges.serve
+    from bridges.runs.config import run_cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(bridges.serve.main, ["api_key=same", "weights_key=same", "model=/no/such/model"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err == (
+        "error: weights_key must differ from api_key: whoever may sample could change the weights."
+    )
