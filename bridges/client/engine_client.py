@@ -469,12 +469,12 @@ class EngineClient(openai.AsyncOpenAI):
         parse = self._tool_format.parse if request.parse_tools else None
         forced = ForcedCall(self._tool_format, request.tool_name or "") if prefill else None
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
+        names = {t["function"]["name"] for t in tools or ()}  # a call to any other name is no call
         if forced is not None and parse is not None and not forced.name:  # `required` among several tools
             def read(s: Sample) -> list[str]:
                 text = reply_text(renderer.decode, s, end_ids, prefill)
                 return called_names(chat_choice(0, s, text, parse, None, self.family.reasoning, forced))
 
-            names = {t["function"]["name"] for t in tools or ()}
             samples = await redraw_undeclared(samples, params, names, read,
                                               lambda p: self._generate(prompt_ids, p, 1, request.timeout, CHAT_PATH))  # fmt: skip
             if request.n == 1 and not declared_only(read(samples[0]), names):  # none named one: name it, as a
@@ -489,7 +489,7 @@ class EngineClient(openai.AsyncOpenAI):
                 if request.logprobs
                 else None
             )
-            choice = chat_choice(i, sample, text, parse, entries, self.family.reasoning, forced)
+            choice = chat_choice(i, sample, text, parse, entries, self.family.reasoning, forced, names)
             choices.append(choice)
             sampled = tuple(sample.token_ids)
             closing = renderer.closing_ids(sampled, sample.finish_reason, tools, tkey)

@@ -79,12 +79,16 @@ def chat_choice(
     logprobs: list[dict] | None,
     reasoning_markers: tuple[str, str] | None,
     forced: ForcedCall | None = None,
+    declared: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """One ``choices[i]`` dict (message, finish_reason, extras).
 
     ``forced``: the reply continues a prefilled tool-call opener (``tool_choice`` required, or a
     named function), so it is a tool call even when the model wrote it too badly to parse
     (``ForcedCall.enforce``), for the environment or agent to answer with an error.
+    ``declared``: the request's tool names. A call to no declared name (a ``<tool_call>`` too broken to
+    name one, or a name the request never offered) is not a call: an agent framework would fail on
+    it ("Tool not found"). It is left out, and a reply left with no call is the text the model wrote.
     """
     reasoning, content = split_reasoning(text, reasoning_markers)
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -94,6 +98,8 @@ def chat_choice(
         if forced is not None:
             parsed = forced.enforce(parsed, content, sample.token_ids)
         calls = parsed.tool_calls
+        if declared is not None:
+            calls = [call for call in calls if call.name and call.name in declared]
         if calls:
             message["content"] = parsed.content
             message["tool_calls"] = [call.to_openai() for call in calls]

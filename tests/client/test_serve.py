@@ -93,7 +93,7 @@ def test_raw_http_edges(served):
     server, _, _ = served
     with httpx.Client(base_url=server.url) as http:
         assert http.get("/health").json() == {"status": "ok", "model": "bridges", "weight_version": 3,
-                                             "weight_channels": ["http", "gloo"]}
+                                             "weight_channels": ["http", "gloo"], "weight_run": ""}
         missing = http.post("/v1/chat/completions", json={"model": "bridges"})
         assert missing.status_code == 400 and "'messages'" in missing.json()["error"]["message"]
         assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
