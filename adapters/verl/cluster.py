@@ -19,6 +19,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from bridges.adapters.verl.placement import NodeResources
 from bridges.runtime.errors import ConfigError, require_extra
 
 NEEDED = ("bridges.adapters.verl.plugin", "verl")
@@ -67,21 +68,24 @@ def _on_each_node(ray: Any, function: Any, *args: Any) -> list[tuple[dict[str, A
 
 def check_nodes(
     env: dict[str, str], modules: Sequence[str] = NEEDED, timeout: float = CHECK_TIMEOUT_S
-) -> list[int]:
+) -> list[NodeResources]:
     """Every alive node of the cluster at ``RAY_ADDRESS`` imports ``modules`` under ``env`` (the job's
-    runtime environment), or ``ConfigError`` naming the first that does not. Returns the GPU resources
-    each node declares (what verl's resource pool will count; ``placement.gpu_layout`` reads them)."""
+    runtime environment), or ``ConfigError`` naming the first that does not. Returns the CPUs and GPUs
+    each node declares (what verl's resource pool will count: ``placement.gpu_layout`` and
+    ``placement.check_cluster_fits`` read them)."""
     with _joined(env) as ray:
         pending = _on_each_node(ray, _importable, modules)
         for node, ref in pending:
-            problem = _answer(ray, ref, timeout)
+            missing, failed = _answer(ray, ref, timeout)
+            problem = failed or missing
             if problem is not None:
                 raise ConfigError(
                     f"Ray node {node['NodeManagerAddress']} ({node['NodeID'][:12]}) {problem}: install rl-bridges "
                     "and verl on every node of the cluster (the same versions), or put the project on a path "
                     "every node shares and in PYTHONPATH."
                 )
-        return [int(node.get("Resources", {}).get("GPU", 0)) for node, _ in pending]
+        return [NodeResources(str(node["NodeManagerAddress"]), float(node.get("Resources", {}).get("CPU", 0)),
+                              int(node.get("Resources", {}).get("GPU", 0))) for node, _ in pending]  # fmt: skip
 
 
 def _reachable(address: str) -> None:
@@ -96,13 +100,14 @@ def _reachable(address: str) -> None:
                           "cluster with ray start --head, or unset RAY_ADDRESS to let verl start its own.") from None  # fmt: skip
 
 
-def _answer(ray: Any, ref: Any, timeout: float) -> str | None:
+def _answer(ray: Any, ref: Any, timeout: float) -> tuple[Any, str | None]:
+    """(what a node's task returned, None), or (None, why it gave nothing) in a few words."""
     try:
-        return ray.get(ref, timeout=timeout)
+        return ray.get(ref, timeout=timeout), None
     except ray.exceptions.GetTimeoutError:
-        return f"did not run a check task within {timeout:.0f} s"
+        return None, f"did not run its task within {timeout:.0f} s"
     except Exception as exc:  # the task's process could not start (a runtime environment that fails there)
-        return f"could not run a check task ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        return None, f"could not run its task ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
 def _take_remote_traces(run_dir: str, token: str) -> str | None:
@@ -123,15 +128,26 @@ def _take_remote_traces(run_dir: str, token: str) -> str | None:
 
 def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIMEOUT_S) -> int:
     """Append to the driver's ``traces.jsonl`` the episodes workers on other nodes wrote to their own
-    disks (verl places agent-loop workers anywhere); returns how many were brought over."""
+    disks (verl places agent-loop workers anywhere); returns how many were brought over. A node (or a
+    cluster) that does not answer costs one line on stderr: its file stays where it is, and the run's
+    outcome is its training's."""
     import secrets
+    import sys
 
     token = f".gather-{secrets.token_hex(8)}"
     (run_dir / token).touch()
+    texts: list[str] = []
     try:
         with _joined(env) as ray:
-            refs = [ref for _, ref in _on_each_node(ray, _take_remote_traces, str(run_dir), token)]
-            texts = [text for text in ray.get(refs, timeout=timeout) if text]
+            for node, ref in _on_each_node(ray, _take_remote_traces, str(run_dir), token):
+                text, problem = _answer(ray, ref, timeout)
+                if problem is not None:
+                    print(f"the traces of Ray node {node['NodeManagerAddress']} were not brought over (it {problem}); "
+                          f"they stay in {run_dir / 'traces.jsonl'} on that node.", file=sys.stderr, flush=True)  # fmt: skip
+                elif text:
+                    texts.append(text)
+    except ConfigError as exc:
+        print(f"the traces of other Ray nodes were not brought over: {exc}", file=sys.stderr, flush=True)
     finally:
         (run_dir / token).unlink()
     with (run_dir / "traces.jsonl").open("a") as out:

@@ -32,6 +32,7 @@ from bridges.adapters.verl.placement import (
     GpuLayout,
     attention,
     check_batch_fits,
+    check_cluster_fits,
     flatten,
     gpu_layout,
     placement_overrides,
@@ -354,10 +355,12 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     from bridges.runs.metrics import StepProgress
 
     cluster_gpus = None
-    if os.environ.get("RAY_ADDRESS"):  # a running cluster: every node must import the plugin
+    if os.environ.get("RAY_ADDRESS"):  # a running cluster: every node must import the plugin, and fit verl
         from bridges.adapters.verl.cluster import check_nodes
 
-        cluster_gpus = check_nodes(launch_env(1, Path(config.output_dir).resolve() / config.resolved_run_name))
+        nodes = check_nodes(launch_env(1, Path(config.output_dir).resolve() / config.resolved_run_name))
+        cluster_gpus = [node.gpus for node in nodes]
+        check_cluster_fits(gpu_layout(config, cluster_gpus), nodes)
     command, files, env = prepare(config, cluster_gpus)
     print(attention(gpu_layout(config, cluster_gpus).gpus_per_node)[1], flush=True)
     run_dir = files["run_dir"]

@@ -13,6 +13,9 @@ Decided once, before the command is built:
   sdpa the packed sequences would attend to each other and train on garbage without an error. So:
   flash-attention 2 with remove-padding where ``flash_attn`` imports, else sdpa with remove-padding
   off. The choice is printed in the run's first lines.
+- **A cluster that fits.** verl reserves, per GPU, a bundle of ``BUNDLE_CPUS`` CPUs and one GPU, all of
+  a node's on that node (CPU mode asks one logical GPU); a running cluster whose nodes cannot hold that
+  would wait forever, so it is one sentence saying what to start Ray with (``check_cluster_fits``).
 - **Batches.** On GPUs, dynamic batch sizes (micro-batches cut by tokens, not sequences) and rollout
   tensor parallelism 1 for models below ``TP2_PARAMETERS`` (a 0.5B model split over two GPUs only
   pays communication), 2 above where the GPU count allows.
@@ -33,6 +36,16 @@ CPU_FLAG = "BRIDGES_VERL_CPU"  # "1" in every verl process exactly when the run 
 CPU_MICRO_BATCH = 256
 TP2_PARAMETERS = 7e9  # rollout tensor parallelism 2 from about this size on
 TOKENS_PER_GPU = 16384  # verl's own default token budget per micro-batch under dynamic batch sizes
+BUNDLE_CPUS = 3  # verl's ResourcePoolManager: max_colocate_count CPUs beside each GPU it reserves
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeResources:
+    """What one alive node of a running Ray cluster declares (``cluster.check_nodes``)."""
+
+    address: str
+    cpus: float
+    gpus: int
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -158,6 +171,23 @@ def placement_overrides(config: TrainConfig, layout: GpuLayout, model_path: str 
             )
         },
     }
+
+
+def check_cluster_fits(layout: GpuLayout, nodes: list[NodeResources]) -> None:
+    """The running cluster holds what verl will reserve (``layout.nnodes`` nodes, each with its GPUs and
+    ``BUNDLE_CPUS`` CPUs per GPU), or one sentence: verl would otherwise fail on "Total available GPUs 0"
+    or wait with no end for a placement no node can take."""
+    per_node = max(1, layout.gpus_per_node)
+    cpus = BUNDLE_CPUS * per_node
+    if sum(n.gpus >= per_node and n.cpus >= cpus for n in nodes) >= layout.nnodes:
+        return
+    have = "; ".join(f"{n.address} {n.cpus:g} CPU + {n.gpus} GPU" for n in nodes) or "no alive node"
+    kind = "GPU(s)" if layout.gpus_per_node else "logical GPU (CPU mode counts one)"
+    raise ConfigError(
+        f"verl will reserve {layout.nnodes} Ray node(s) with {per_node} {kind} and {cpus} CPUs each "
+        f"({BUNDLE_CPUS} CPUs beside every GPU), but the cluster's nodes declare {have}; start each with ray start "
+        f"--num-cpus={cpus} --num-gpus={per_node} (or more), or set verl.trainer.n_gpus_per_node and nnodes to fit."
+    )
 
 
 def check_batch_fits(config: TrainConfig, layout: GpuLayout) -> None:

@@ -92,12 +92,57 @@ def test_a_node_without_the_project_or_a_dead_address_is_one_sentence(cluster: d
 
     for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
         monkeypatch.setenv(key, cluster[key])
-    assert check_nodes({}) == [1, 0] or check_nodes({}) == [0, 1]  # the head's logical GPU, the worker's none
+    nodes = sorted(check_nodes({}), key=lambda node: -node.cpus)
+    assert [(n.cpus, n.gpus) for n in nodes] == [(3.0, 1), (2.0, 0)]  # the head's logical GPU, the worker's none
     with pytest.raises(ConfigError, match=r"^Ray node \S+ \(\w+\) cannot import missing_here: install rl-bridges"):
         check_nodes({}, modules=("bridges", "missing_here"))
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     with pytest.raises(ConfigError, match=r"nothing answers there"):
         check_nodes({})
+
+
+def test_a_cluster_verl_cannot_place_on_is_one_sentence():
+    """No GPU resource anywhere (verl: "Total available GPUs 0 ..."), or too few CPUs beside the GPUs
+    (verl: waits with no end); a cluster that holds the reservation passes."""
+    from bridges.adapters.verl.placement import GpuLayout, NodeResources, check_cluster_fits
+    from bridges.runtime.errors import ConfigError
+
+    cpu_mode, two_gpus = GpuLayout(0, 1, "test"), GpuLayout(2, 2, "test")
+    with pytest.raises(ConfigError, match=r"1 logical GPU \(CPU mode counts one\) and 3 CPUs .*--num-gpus=1"):
+        check_cluster_fits(cpu_mode, [NodeResources("10.0.0.1", 8, 0)])
+    with pytest.raises(ConfigError, match=r"2 Ray node\(s\) with 2 GPU\(s\) and 6 CPUs each .* 10.0.0.2 4 CPU \+ 2 GPU"):
+        check_cluster_fits(two_gpus, [NodeResources("10.0.0.1", 16, 2), NodeResources("10.0.0.2", 4, 2)])
+    check_cluster_fits(two_gpus, [NodeResources("10.0.0.1", 16, 2), NodeResources("10.0.0.2", 6, 4)])
+    check_cluster_fits(cpu_mode, [NodeResources("10.0.0.1", 3, 1)])
+
+
+def test_traces_a_node_does_not_hand_over_cost_one_line_not_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """Before: Ray's GetTimeoutError ended the run after training. Now: one line, and the file stays."""
+    import ray
+
+    from bridges.adapters.verl import cluster
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        @contextlib.contextmanager
+        def joined(env: dict[str, str]) -> Iterator[object]:
+            yield ray
+
+        def never_answers(run_dir: str, token: str) -> str:
+            time.sleep(30)
+            return ""
+
+        monkeypatch.setattr(cluster, "_joined", joined)
+        monkeypatch.setattr(cluster, "_take_remote_traces", never_answers)
+        (tmp_path / "traces.jsonl").write_text('{"a": 1}\n')
+        assert cluster.gather_traces(tmp_path, {}, timeout=1.0) == 0
+    finally:
+        ray.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "were not brought over (it did not run its task within 1 s)" in err[0], err
+    assert (tmp_path / "traces.jsonl").read_text() == '{"a": 1}\n' and not list(tmp_path.glob(".gather-*"))
 
 
 def test_a_nodes_own_traces_are_taken_unless_it_shares_the_drivers_folder(tmp_path: Path):
@@ -117,16 +162,23 @@ def test_gpus_are_counted_on_the_cluster_not_on_a_head_without_any(tmp_path: Pat
     GPU on one node, not CPU mode, and a stale BRIDGES_VERL_CPU in the shell does not travel."""
     from bridges.adapters.verl.cluster import check_nodes
     from bridges.adapters.verl.launch import prepare
+    from bridges.adapters.verl.placement import check_cluster_fits, gpu_layout
     from bridges.runs.config import parse_config
     from bridges.runs.train_config import TrainConfig
+    from bridges.runtime.errors import ConfigError
 
     with two_raylets(head_gpus=0, worker_gpus=1) as env:
         for key in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
             monkeypatch.setenv(key, env[key])
         monkeypatch.setenv("BRIDGES_VERL_CPU", "1")
-        gpus = check_nodes({})
+        nodes = check_nodes({})
+    gpus = [node.gpus for node in nodes]
     assert sorted(gpus) == [0, 1]
     config = parse_config(TrainConfig, [*SMALL[:-1], f"output_dir={tmp_path}", "engine=hf"])
+    # the GPU node has 2 CPUs and verl reserves 3 beside its GPU: before, verl waited with no end
+    with pytest.raises(ConfigError, match=r"^verl will reserve 1 Ray node\(s\) with 1 GPU\(s\) and 3 CPUs each .* "
+                                          r"start each with ray start --num-cpus=3 --num-gpus=1"):  # fmt: skip
+        check_cluster_fits(gpu_layout(config, gpus), nodes)
     command, _, variables = prepare(config, gpus)
     keys = dict(arg.split("=", 1) for arg in command[3:])
     assert keys["trainer.n_gpus_per_node"] == "1" and keys["trainer.nnodes"] == "1"
