@@ -30,14 +30,15 @@ import os
 import time
 from typing import Any
 
+from bridges.adapters.verifiers.support import require_verifiers
 from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
 from bridges.adapters.verifiers.v1_sharing import Match, SharedEpisodes
+from bridges.adapters.verifiers.v1_taskset import tasks_of
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
 from bridges.envs.types import State, StopReason
 from bridges.runtime.errors import ConfigError
 
-MAX_TASKS = 100_000  # an infinite taskset is read this far
 # The seed of the group a rollout belongs to. Member i of a group samples with ``seed + i``
 # (``Environment.run_group``), so a seat's own rollouts could never meet on one episode if they matched
 # on their own seeds; they match on the group's, and the episode's sessions get seeds of their own
@@ -94,7 +95,7 @@ class V1Environment(Environment):
         self._servings: dict[int, Serving] = {}  # by event loop
         taskset = vf_env.taskset
         try:
-            self.tasks = list(taskset.head(MAX_TASKS) if taskset.INFINITE else taskset)
+            self.tasks = tasks_of(taskset, require_verifiers())  # either release's views (v1_taskset)
         except Exception as exc:  # the taskset's own load()
             raise ConfigError(
                 f"the verifiers v1 taskset '{taskset_id}' raised in load(): {type(exc).__name__}: {exc}"

@@ -200,3 +200,30 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
         assert statuses == [200, 200, 200, 429, 429]  # s1 and s2 were taken: s3 and x0-x2 fill the four
         endpoint.end_episode("0")  # as after a failed episode, whose sessions were never taken
         assert endpoint.sessions == {} and (await http.post(url, json=chat, headers={**auth, "X-Session-ID": "y"})).status_code == 404
+
+
+def test_an_infinite_taskset_evaluates_and_trains_under_this_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """``INFINITE = True`` and a generator ``load()`` (a self-play game's shape): read through the
+    release's own bounding view (0.3 ``head``, 0.4 ``take``; before, 0.4 stopped at ``.head``)."""
+    import json
+
+    import verifiers
+
+    from bridges.adapters.verifiers.v1_taskset import MAX_TASKS
+    from bridges.eval import main as evaluate
+    from bridges.train import main as train
+
+    env = load_environment("vf_v1_infinite_taskset")
+    rows = env.get_dataset()
+    assert len(rows) == MAX_TASKS and rows[0]["prompt"][0]["content"].startswith("Say ")
+    argv = ["env=vf_v1_infinite_taskset", "model=tiny", "num_examples=4", "rollouts_per_example=2",
+            f"output={tmp_path / 'eval'}", "progress=false"]  # fmt: skip
+    assert evaluate(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and all(r["error"] is None and 0.0 <= r["reward"] <= 1.0 for r in records)
+    argv = ["env=vf_v1_infinite_taskset", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
+            "trainer.group_size=2", f"output_dir={tmp_path}", "run_name=endless"]  # fmt: skip
+    assert train(argv) == 0
+    steps = [json.loads(x) for x in (tmp_path / "endless" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["episodes/masked_fraction"] == 0.0 for s in steps)
+    assert verifiers.__version__ in ("0.3.1", "0.4.0")  # CI runs this file under both releases
