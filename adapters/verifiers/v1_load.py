@@ -35,7 +35,7 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
 
     register()
     make_visible(module)
-    data = copy.deepcopy(env_args)
+    data = _null_harness_named(copy.deepcopy(env_args))
     data["taskset"] = {**dict(data.get("taskset") or {}), "id": taskset_id}
     config = _resolve(taskset_id, data)
     for name, spec in _agents(config).items():
@@ -50,6 +50,17 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
             "(trainable = False): none of its traces would train."
         )
     return V1Environment(env, seats=seats, taskset_id=taskset_id, env_args=env_args)
+
+
+def _null_harness_named(data: dict[str, Any]) -> dict[str, Any]:
+    """``<seat>.harness.id`` given as null means verifiers' ``null`` harness. The command line reads
+    ``env_args.agent.harness.id=null`` (the refusal's own hint) as YAML's null; verifiers' CLI reads
+    the same word as the harness's name, so a user typing it means the harness, and gets it."""
+    for seat in data.values():
+        harness = seat.get("harness") if isinstance(seat, dict) else None
+        if isinstance(harness, dict) and "id" in harness and harness["id"] is None:
+            harness["id"] = "null"
+    return data
 
 
 def make_visible(module: ModuleType) -> str:
