@@ -5,8 +5,9 @@ exported ``Taskset``, optionally an ``Env`` and a ``Harness``). ``env_args`` is 
 in verifiers' own shape — ``{taskset: {...}, agent: {harness: {...}, runtime: {...}}, timeout: ...}`` —
 validated by the environment's own pydantic models. The environment's defaults stand, except what
 this process runs itself: an agent whose harness is verifiers' ``null`` runs in-process (``v1_seat``),
-so it needs no runtime. An agent on any other harness (``bash`` by default, in a remote sandbox) would
-need what a training run here does not have, and is refused naming the setting that changes it.
+so it needs no runtime. An agent on a program harness that needs no container (``bash``, verifiers'
+default) runs its program on verifiers' ``subprocess`` runtime (``v1_programs``); one that needs a
+container is refused naming the setting that changes it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers, version_tuple
+from bridges.adapters.verifiers.v1_programs import check_program, runtime_for
 from bridges.runtime.asyncutils import run_sync
 from bridges.runtime.errors import ConfigError
 
@@ -108,16 +110,22 @@ def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> None:
 
     from bridges.adapters.verifiers.v1_seat import SEAT_ID
 
-    harness_id = spec.harness.id if spec.harness is not None else default_agent_harness(taskset_id).id
+    harness = spec.harness if spec.harness is not None else default_agent_harness(taskset_id)
+    harness_id = harness.id
     if harness_id == SEAT_ID or harness_class(harness_id) is NullHarness:
         seat = dict(data.get(name) or {})
         seat["harness"] = {"id": SEAT_ID}
         seat["runtime"] = {"type": "subprocess"}  # the seat runs nothing in it: no sandbox is provisioned
         data[name] = seat
         return
+    if not harness_class(harness_id).NEEDS_CONTAINER:  # a program on verifiers' subprocess runtime
+        data[name] = runtime_for(dict(data.get(name) or {}))
+        if data[name]["runtime"].get("type") == "subprocess":
+            check_program(taskset_id, name, harness_class(harness_id), harness)
+        return
     raise ConfigError(
         f"agent '{name}' of the verifiers v1 taskset '{taskset_id}' runs on the '{harness_id}' harness, a "
-        f"program in a sandbox runtime this run does not provide; rl-bridges runs agents on verifiers' "
+        f"program that needs a container runtime, which this run does not provide; run it on verifiers' "
         f"null (chat) harness: set env_args.{name}.harness.id=null."
     )
 

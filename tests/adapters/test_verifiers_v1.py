@@ -64,14 +64,16 @@ def test_bad_env_args_and_a_raising_load_are_one_sentence(env_args: dict[str, An
     assert str(info.value) == sentence
 
 
-def test_an_agent_on_a_program_harness_is_refused_naming_the_setting():
-    """verifiers' default harness (bash, in a remote sandbox) needs what a run here does not have."""
+def test_a_harness_that_needs_a_container_is_refused_naming_the_setting():
+    """``codex`` needs a container runtime (``NEEDS_CONTAINER``), which no run here provides; ``bash``
+    (verifiers' default) needs none and runs on the subprocess runtime (test_verifiers_v1_programs)."""
     with pytest.raises(ConfigError) as info:
-        load_environment("vf_v1_fixture_taskset")
-    assert str(info.value).endswith(
-        "runs agents on verifiers' null (chat) harness: set env_args.agent.harness.id=null."
+        load_environment("vf_v1_fixture_taskset", agent={"harness": {"id": "codex"}})
+    assert str(info.value) == (
+        "agent 'agent' of the verifiers v1 taskset 'vf_v1_fixture_taskset' runs on the 'codex' harness, a program "
+        "that needs a container runtime, which this run does not provide; run it on verifiers' null (chat) "
+        "harness: set env_args.agent.harness.id=null."
     )
-    assert "'bash' harness" in str(info.value)
     env = load_environment("vf_v1_fixture_taskset", agent={"harness": {"id": "null"}})
     assert type(env).__name__ == "V1Environment"
 

@@ -98,7 +98,7 @@ def test_the_null_harness_hint_works_end_to_end(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "fixtures"))
     with pytest.raises(ConfigError) as refused:
-        load_environment("vf_v1_fixture_taskset")
+        load_environment("vf_v1_fixture_taskset", agent={"harness": {"id": "codex"}})  # needs a container
     hint = re.search(r"set (\S+)\.$", str(refused.value)).group(1)  # type: ignore[union-attr]
     config = parse_config(TrainConfig, ["env=vf_v1_fixture_taskset", *shlex.split(hint)])
     env = load_environment(config.env, **config.env_args)

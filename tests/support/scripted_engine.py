@@ -39,6 +39,18 @@ def letter_script(prompt: str) -> str:
     return [letter * 6, letter * 3 + "xyz", "Umm, not now."][choice]
 
 
+def bash_script(prompt: str) -> str:
+    """A coding agent on verifiers' ``bash`` harness: it runs the task's command with the ``bash`` tool,
+    then replies with the tool's output, except on odd-length outputs where it adds a word (so rewards
+    vary across tasks)."""
+    if "<tool_response>" in prompt:
+        output = prompt.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0].strip()
+        return output if len(output) % 2 == 0 else f"{output} done"
+    command = re.search(r"Run: (.+?)\. Reply", prompt)
+    arguments = json.dumps({"command": command.group(1) if command else "true"})
+    return f'<tool_call>\n{{"name": "bash", "arguments": {arguments}}}\n</tool_call>'
+
+
 class ScriptedEngine:
     name = "scripted"
     weight_version = 0

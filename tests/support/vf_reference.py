@@ -40,9 +40,9 @@ def programs_run_with_this_python(folder: Path) -> Iterator[None]:
         Runtime.prepare_uv_script = original  # type: ignore[method-assign]
 
 
-def offline_config(taskset_id: str, env_args: dict[str, Any]) -> Any:
-    """The run config verifiers' docs give for an offline run: every agent on the null harness in the
-    subprocess runtime (the defaults are a remote sandbox)."""
+def offline_config(taskset_id: str, env_args: dict[str, Any], harness: str | None = "null") -> Any:
+    """The run config verifiers' docs give for an offline run: every agent on the null harness (or, with
+    ``harness=None``, on the taskset's own) in the subprocess runtime (the defaults are a remote sandbox)."""
     from verifiers.v1.configs.agent import AgentConfig
     from verifiers.v1.utils.loaders import resolve_env_config
 
@@ -50,12 +50,14 @@ def offline_config(taskset_id: str, env_args: dict[str, Any]) -> Any:
     config = resolve_env_config(data)
     for name in type(config).model_fields:
         if isinstance(getattr(config, name), AgentConfig):
-            data[name] = {**data.get(name, {}), "harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+            pinned = {"harness": {"id": harness}} if harness is not None else {}
+            data[name] = {**data.get(name, {}), **pinned, "runtime": {"type": "subprocess"}}
     return resolve_env_config(data)
 
 
 async def verifiers_own_results(
-    taskset_id: str, env_args: dict[str, Any], base_url: str, model: str, sampling: dict[str, Any]
+    taskset_id: str, env_args: dict[str, Any], base_url: str, model: str, sampling: dict[str, Any],
+    harness: str | None = "null",
 ) -> dict[tuple[int, str], tuple[float, str]]:
     """(task index, agent) -> (reward, last reply) of each agent's first trace, one episode per task."""
     from verifiers.v1.clients import ModelContext
@@ -64,7 +66,7 @@ async def verifiers_own_results(
     from verifiers.v1.types import SamplingConfig
     from verifiers.v1.utils.loaders import load_environment
 
-    env = load_environment(offline_config(taskset_id, env_args))
+    env = load_environment(offline_config(taskset_id, env_args, harness))
     os.environ[KEY_VAR] = "unused"
     ctx = ModelContext(model, EvalClientConfig(base_url=base_url, api_key_var=KEY_VAR), SamplingConfig(**sampling))
     results: dict[tuple[int, str], tuple[float, str]] = {}
