@@ -146,6 +146,7 @@ class VerifiersEnvironment(Environment):
         session = self._sessions.open(
             client, model, args, max_calls=VF_MAX_CALLS, max_sampled_tokens=VF_MAX_TOKENS
         )
+        session.declared_tools_only = False  # verifiers' ToolEnv answers a call to an unknown tool itself
         try:
             try:
                 async with session_client(self._sessions, session) as on_session:

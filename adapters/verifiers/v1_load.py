@@ -18,7 +18,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers, version_tuple
-from bridges.adapters.verifiers.v1_programs import check_program, runtime_for
+from bridges.adapters.verifiers.v1_programs import PROGRAM_PROMPT_TOKENS, check_program, runtime_for
 from bridges.runtime.asyncutils import run_sync
 from bridges.runtime.errors import ConfigError
 
@@ -40,8 +40,7 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
     data = _null_harness_named(copy.deepcopy(env_args))
     data["taskset"] = {**dict(data.get("taskset") or {}), "id": taskset_id}
     config = _resolve(taskset_id, data)
-    for name, spec in _agents(config).items():
-        _seat(taskset_id, name, spec, data)
+    programs = [_seat(taskset_id, name, spec, data) for name, spec in _agents(config).items()]
     config = _resolve(taskset_id, data)
     env = _construct(taskset_id, config)
     _refuse_unsupported(taskset_id, env)
@@ -51,7 +50,9 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
             f"the verifiers v1 environment '{taskset_id}' stands every agent down in setup() "
             "(trainable = False): none of its traces would train."
         )
-    return V1Environment(env, seats=seats, taskset_id=taskset_id, env_args=env_args)
+    v1_env = V1Environment(env, seats=seats, taskset_id=taskset_id, env_args=env_args)
+    v1_env.prompt_overhead_tokens = PROGRAM_PROMPT_TOKENS if any(programs) else 0
+    return v1_env
 
 
 def _null_harness_named(data: dict[str, Any]) -> dict[str, Any]:
@@ -102,8 +103,9 @@ def _agents(config: Any) -> dict[str, Any]:
     }
 
 
-def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> None:
-    """Point an agent on the null harness at the in-process seat; refuse any other harness."""
+def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> bool:
+    """Point an agent on the null harness at the in-process seat, one on a program harness that needs
+    no container at the subprocess runtime (True: a program runs it); refuse any other harness."""
     from verifiers.v1.configs.env import default_agent_harness
     from verifiers.v1.harnesses.null import NullHarness
     from verifiers.v1.utils.loaders import harness_class
@@ -117,12 +119,12 @@ def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> None:
         seat["harness"] = {"id": SEAT_ID}
         seat["runtime"] = {"type": "subprocess"}  # the seat runs nothing in it: no sandbox is provisioned
         data[name] = seat
-        return
+        return False
     if not harness_class(harness_id).NEEDS_CONTAINER:  # a program on verifiers' subprocess runtime
         data[name] = runtime_for(dict(data.get(name) or {}))
         if data[name]["runtime"].get("type") == "subprocess":
             check_program(taskset_id, name, harness_class(harness_id), harness)
-        return
+        return True
     raise ConfigError(
         f"agent '{name}' of the verifiers v1 taskset '{taskset_id}' runs on the '{harness_id}' harness, a "
         f"program that needs a container runtime, which this run does not provide; run it on verifiers' "

@@ -26,6 +26,11 @@ from typing import Any
 from bridges.runtime.asyncutils import describe_exception, run_sync
 from bridges.runtime.errors import ConfigError
 
+# what a program harness adds to the prompt beyond the task's, in tokens of any tokenizer: verifiers' bash
+# harness adds its system prompt and the bash and edit tool schemas, ~1.4k ASCII characters (~300 tokens
+# under Qwen2.5's template, ~1.1k under a character-level one); no tokenizer spends more than a token on
+# an ASCII character, so characters bound tokens, with room for larger harnesses
+PROGRAM_PROMPT_TOKENS = 3072
 PREPARE_TIMEOUT_S = 600.0  # uv resolves and installs the script's dependencies the first time
 _PREPARED: set[str] = set()  # harness ids whose program this process has prepared
 

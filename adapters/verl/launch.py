@@ -77,7 +77,9 @@ def hydra_value(value: Any) -> str:
 
 
 def prompt_budget(env: Any, tokenizer: Any) -> int:
-    """``data.max_prompt_length``: the longest rendered prompt of either split (with tools), rounded up to 64."""
+    """``data.max_prompt_length``: the longest rendered prompt of either split (with tools), and what the
+    environment's rollouts add to it (``prompt_overhead_tokens``: a harness program's own prompt),
+    rounded up to 64."""
     from bridges.client.rendering import ChatRenderer
     from bridges.envs.base import build_prompt
 
@@ -87,7 +89,7 @@ def prompt_budget(env: Any, tokenizer: Any) -> int:
         for row in dataset:
             tools = getattr(env, "tool_defs", None) or None
             longest = max(longest, len(renderer.render_ids(build_prompt(row), tools)))
-    return 64 * math.ceil(longest / 64)
+    return 64 * math.ceil((longest + env.prompt_overhead_tokens) / 64)
 
 
 PLUGIN = "bridges.adapters.verl.plugin"

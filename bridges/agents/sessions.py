@@ -90,6 +90,10 @@ class Session:
     max_sampled_tokens: int = MAX_SAMPLED_TOKENS
     max_prompt_tokens: int | None = None  # summed over calls (None: no cap, as in-process)
     budget: TokenBudget | None = None  # the server's, shared by its sessions
+    # an agent framework fails on a call to an undeclared tool ("Tool not found"): its replies carry
+    # only declared calls (``ChatRequest.declared_tools_only``). A harness that answers such a call
+    # itself, as vLLM serves it (verifiers' environments), opens its sessions with False
+    declared_tools_only: bool = True
     responses: list[Any] = field(default_factory=list)
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)  # each answered call's messages
     sampled_tokens: int = 0
@@ -213,6 +217,8 @@ def chat_arguments(session: Session, body: dict[str, Any]) -> dict[str, Any]:
         elif key != "n":
             kwargs[key] = value
     kwargs["model"] = session.model
+    if session.declared_tools_only:
+        kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "declared_tools_only": True}
     return kwargs
 
 

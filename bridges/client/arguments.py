@@ -28,7 +28,7 @@ COMPLETIONS_PATH = "/completions"
 
 _CHAT_SDK_PARAMS = frozenset(inspect.signature(_SDKChatCompletions.create).parameters) - {"self"}
 _COMPLETION_SDK_PARAMS = frozenset(inspect.signature(_SDKCompletions.create).parameters) - {"self"}
-CHAT_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_drift", "return_token_ids")
+CHAT_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_drift", "return_token_ids", "declared_tools_only")
 COMPLETION_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_token_ids")
 _NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
 _IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothing to send them over
@@ -63,6 +63,10 @@ class ChatRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     logprobs: bool = False
     return_drift: bool = False
+    # a call to a name the request never declared (or to no name: a broken <tool_call>) is left out of
+    # the reply, which is then the model's text: what an agent framework needs (it fails on such a call
+    # with "Tool not found"). Off by default, as in vLLM: an environment answers such a call with an error
+    declared_tools_only: bool = False
     timeout: float | None = None
     stream: Streaming | None = None
     stream_options: Any = None
@@ -243,11 +247,14 @@ def _refuse(name: str, value: Any, path: str) -> Exception:
     )
 
 
-def _apply_extra_body(extra: Any, params: SamplingParams, path: str, allowed: tuple[str, ...]) -> bool:
-    """Engine knobs passed the vLLM way (``extra_body={"top_k": 20}``); returns ``return_drift``."""
+def _apply_extra_body(
+    extra: Any, params: SamplingParams, path: str, allowed: tuple[str, ...]
+) -> frozenset[str]:
+    """Engine knobs passed the vLLM way (``extra_body={"top_k": 20}``); returns the flags set true
+    (``return_drift``, ``declared_tools_only``)."""
     if not isinstance(extra, dict):
         raise _bad(f"'extra_body' must be a dict, got {type(extra).__name__}.", "extra_body", path)
-    return_drift = False
+    flags: set[str] = set()
     for key, value in extra.items():
         if key not in allowed:
             raise _bad(
@@ -271,9 +278,9 @@ def _apply_extra_body(extra: Any, params: SamplingParams, path: str, allowed: tu
                     f"'stop_token_ids' must be a list of token ids, got {value!r}.", "stop_token_ids", path
                 )
             params.stop_token_ids = [i for i in ids if i is not None]
-        elif key == "return_drift":
-            return_drift = bool(value)
-    return return_drift
+        elif key in ("return_drift", "declared_tools_only") and value:
+            flags.add(key)
+    return frozenset(flags)
 
 
 def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -> None:
@@ -427,7 +434,8 @@ def _chat_option(name: str, value: Any, request: ChatRequest, path: str) -> None
     elif name == "top_logprobs":
         request.params.top_logprobs = _top_logprobs(value, path)
     elif name == "extra_body":
-        request.return_drift = _apply_extra_body(value, request.params, path, CHAT_EXTRA_BODY_KEYS)
+        flags = _apply_extra_body(value, request.params, path, CHAT_EXTRA_BODY_KEYS)
+        request.return_drift, request.declared_tools_only = "return_drift" in flags, "declared_tools_only" in flags
     else:
         _check_other(name, value, _CHAT_SDK_PARAMS, path)
 

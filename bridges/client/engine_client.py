@@ -469,7 +469,7 @@ class EngineClient(openai.AsyncOpenAI):
         parse = self._tool_format.parse if request.parse_tools else None
         forced = ForcedCall(self._tool_format, request.tool_name or "") if prefill else None
         end_ids = self._end_ids.union(params.stop_token_ids) if params.stop_token_ids else self._end_ids
-        names = {t["function"]["name"] for t in tools or ()}  # a call to any other name is no call
+        names = {t["function"]["name"] for t in tools or ()}
         if forced is not None and parse is not None and not forced.name:  # `required` among several tools
             def read(s: Sample) -> list[str]:
                 text = reply_text(renderer.decode, s, end_ids, prefill)
@@ -489,7 +489,8 @@ class EngineClient(openai.AsyncOpenAI):
                 if request.logprobs
                 else None
             )
-            choice = chat_choice(i, sample, text, parse, entries, self.family.reasoning, forced, names)
+            declared = names if request.declared_tools_only else None  # ChatRequest.declared_tools_only
+            choice = chat_choice(i, sample, text, parse, entries, self.family.reasoning, forced, declared)
             choices.append(choice)
             sampled = tuple(sample.token_ids)
             closing = renderer.closing_ids(sampled, sample.finish_reason, tools, tkey)

@@ -213,6 +213,10 @@ class Environment:
     # how many consecutive dataset rows belong together (a multi-agent task's seat rows): the bundled
     # trainer's and Tinker's data order shuffles such blocks whole, so their rollouts run in one batch
     rows_together: int = 1
+    # tokens a rollout's prompt carries beyond the rendered dataset prompt, which a backend that sizes
+    # its prompt budget up front (verl) must leave room for: a harness program's own system prompt and
+    # tool schemas (verifiers v1 program harnesses)
+    prompt_overhead_tokens: int = 0
 
     def __init__(
         self,

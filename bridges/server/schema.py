@@ -177,6 +177,7 @@ def _request_bodies(
                 ]
             },
             "return_drift": {"type": "boolean"},
+            "declared_tools_only": {"type": "boolean"},
             "user": {"type": "string"},
             "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
             "store": {"type": "boolean", "const": False},

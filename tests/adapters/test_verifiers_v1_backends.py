@@ -7,6 +7,7 @@ verifiers releases in ``test_verifiers_v1.py``.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,43 @@ def test_kill_9_mid_rollout_leaves_no_toolset_server_running(tmp_path: Path):
         time.sleep(0.5)
     assert servers() == []
 
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is in the dev extra; verifiers' programs need it")
+@pytest.mark.parametrize("backend", ["grpo", "trl", "tinker"])
+def test_an_agent_on_the_bash_program_harness_trains_on_each_in_process_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+):
+    """verifiers' default coding agent, its uv program on the subprocess runtime, answered by the
+    backend's engine: two steps, nothing masked, the samples' ids the sampled ones (checked per trace)."""
+    from bridges.train import main
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    extra = ["tinker.base_url=local"] if backend == "tinker" else []
+    argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_bash_taskset", "progress=false",
+            "trainer.max_steps=2", "trainer.batch_size=1", "trainer.group_size=2", "sampling.max_tokens=16",
+            "run_name=bash", *extra]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(tmp_path / "bash")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["episodes/masked_fraction"] == 0.0 for r in rows)
+    if backend != "trl":
+        traces = [json.loads(x) for x in (tmp_path / "bash" / "traces.jsonl").read_text().splitlines()]
+        assert len(traces) == 4 and all(0 < len(t["turns"][0]["completion_ids"]) == len(t["turns"][0]["logprobs"])
+                                        for t in traces)  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is in the dev extra; verifiers' programs need it")
+def test_verls_agent_loop_worker_runs_a_bash_program_agent(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any,
+                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+    from recording_server import RecordingServer
+    from verl_harness import N, batch_of, compose, rows_of, run_worker
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    cfg, files = compose(tmp_path, tiny_path, "", "env_args.taskset.num_tasks=2", env="vf_v1_bash_taskset")
+    client = RecordingServer(str(tiny_path))
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
+    assert len(rows) == 2 * N and all(row["valid"] and row["stop"] == "completed" for row in rows), [r["error"] for r in rows]
+    sampled = sorted(ids for turns in client.sampled.values() for ids, _ in turns)
+    assert sorted(row["response"] for row in rows) == sampled  # the program's one model call each, as sampled

@@ -2,7 +2,10 @@
 
 Before: a malformed ``<tool_call>`` became a call named "" under ``tool_choice=auto``, and after the
 forced call under ``required`` with two tools (the OpenAI Agents SDK then raised "Tool  not found").
-Now no reply carries a call whose name is empty or undeclared; a reply left with no call is its text."""
+Now no reply an agent gets from a session carries a call whose name is empty or undeclared; a reply
+left with no call is its text. An environment calling the client itself still sees such a call, as
+vLLM serves it, and answers it with an error (``test_rollout_faults``); ``extra_body=
+{"declared_tools_only": true}`` asks for the agents' behaviour anywhere."""
 
 from __future__ import annotations
 
@@ -24,17 +27,27 @@ REPLIES = {  # (tool_choice, what the model writes after the prompt and any pref
 
 
 @pytest.mark.parametrize("case", sorted(REPLIES))
-async def test_no_reply_carries_a_call_to_an_empty_or_undeclared_name(scripted: Any, case: str):
+async def test_no_reply_to_an_agent_carries_a_call_to_an_empty_or_undeclared_name(scripted: Any, case: str):
+    from bridges.agents.sessions import Sessions, answer_chat
+
     tool_choice, reply = REPLIES[case]
     client, engine = scripted(lambda prompt: reply)
-    response = await client.chat.completions.create(
-        model="m", messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=64
-    )
-    message = response.choices[0].message
-    names = [call.function.name for call in message.tool_calls or []]
-    assert all(name in ("lookup", "search") for name in names), names
+    session = Sessions().open(client, "m", {"max_tokens": 64})  # what every agent surface answers through
+    status, payload = await answer_chat(session, {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice})
+    choice = payload["choices"][0]
+    names = [call["function"]["name"] for call in choice["message"].get("tool_calls") or []]
+    assert status == 200 and all(name in ("lookup", "search") for name in names), names
     if tool_choice == "auto":  # nothing callable: the model's own text, as it wrote it
-        assert names == [] and message.content == reply and response.choices[0].finish_reason == "stop"
+        assert names == [] and choice["message"]["content"] == reply and choice["finish_reason"] == "stop"
     else:
-        assert names == ["lookup"] and response.choices[0].finish_reason == "tool_calls"
+        assert names == ["lookup"] and choice["finish_reason"] == "tool_calls"
     assert engine.calls  # the engine really sampled the reply
+
+
+async def test_an_environment_still_sees_the_call_and_may_ask_for_declared_ones_only(scripted: Any):
+    client, _ = scripted(lambda prompt: REPLIES["auto, an undeclared name"][1])
+    plain = await client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=64)
+    asked = await client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=64,
+                                                 extra_body={"declared_tools_only": True})  # fmt: skip
+    assert [c.function.name for c in plain.choices[0].message.tool_calls or []] == ["rm_rf"]
+    assert asked.choices[0].message.tool_calls is None and "rm_rf" in (asked.choices[0].message.content or "")
