@@ -10,10 +10,14 @@ tiny model on the hf engine, ``EngineClient``), all rollouts in flight at once:
   not timed) — its ``EvalClient`` calling the engine served by ``bridges.serve`` on loopback;
 - (b) rl-bridges: the same taskset through ``V1Environment`` (the seat in-process, our per-session
   endpoint), token ids kept;
-- (c) the same task written natively (``repeat_letter``) on the same engine, for scale.
+- (c) the same task written natively (``repeat_letter``) on the same engine, for scale;
+- (d, e) the agent on verifiers' ``bash`` program harness instead, its ``uv`` program per rollout on the
+  ``subprocess`` runtime: through rl-bridges (``V1Environment``, ``v1_programs``) and through verifiers'
+  own path (needs uv; the first of each warms uv and is not timed).
 Each figure is the median of ``--repeats`` runs in this process. Last line:
-``bridges_rollouts_per_s=<b> verifiers_rollouts_per_s=<a> ratio=<b/a> native_rollouts_per_s=<c>``
-(``verifiers_rollouts_per_s=n/a`` without uv). Goal: ratio ≥ 1; in-process seats several times faster.
+``bridges_rollouts_per_s=<b> verifiers_rollouts_per_s=<a> ratio=<b/a> native_rollouts_per_s=<c>
+program_bridges_rollouts_per_s=<d> program_verifiers_rollouts_per_s=<e> program_ratio=<d/e>``
+(verifiers' and the program figures ``n/a`` without uv). Goal: ratio ≥ 1; program_ratio ≥ 1.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ async def ours(env: Any, client: Any, count: int) -> float:
     return count / elapsed
 
 
-async def verifiers_own(base_url: str, count: int) -> float:
-    """verifiers' evaluation of the same taskset: its null harness program per rollout, its EvalClient."""
+async def verifiers_own(base_url: str, count: int, harness: str = "null") -> float:
+    """verifiers' evaluation of the same taskset: its ``harness`` program per rollout, its EvalClient."""
     from verifiers.v1.clients import ModelContext
     from verifiers.v1.configs.client import EvalClientConfig
     from verifiers.v1.env import RunSlot
@@ -51,7 +55,7 @@ async def verifiers_own(base_url: str, count: int) -> float:
     from bridges.environments import repeat_letter_taskset
 
     config = resolve_env_config({"taskset": {"id": make_visible(repeat_letter_taskset)},
-                                 "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}})  # fmt: skip
+                                 "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}})  # fmt: skip
     env = load_environment(config)
     tasks = list(env.taskset)
     os.environ["BENCH_V1_KEY"] = "unused"
@@ -68,6 +72,14 @@ async def verifiers_own(base_url: str, count: int) -> float:
     return count / elapsed
 
 
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "n/a"
+
+
+def _ratio(ours_values: list[float], theirs: list[float]) -> str:
+    return f"{statistics.median(ours_values) / statistics.median(theirs):.2f}" if ours_values and theirs else "n/a"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=64)
@@ -81,21 +93,27 @@ def main() -> None:
 
     client = EngineClient(HFEngine.from_pretrained(str(tiny_model_path())), model_name="tiny")
     v1, native = load_environment("repeat_letter_taskset"), load_environment("repeat_letter")
-    figures: dict[str, list[float]] = {"bridges": [], "verifiers": [], "native": []}
+    program = load_environment("repeat_letter_taskset", agent={"harness": {"id": "bash"}}) if shutil.which("uv") else None
+    f: dict[str, list[float]] = {"bridges": [], "verifiers": [], "native": [], "program_bridges": [],
+                                 "program_verifiers": []}  # fmt: skip
     with serve_in_thread(client) as server:
+        if program is not None:
+            asyncio.run(ours(program, client, 1))  # the program's first start, as verifiers' warm-up
         for _ in range(args.repeats):
-            figures["bridges"].append(asyncio.run(ours(v1, client, args.rollouts)))
-            figures["native"].append(asyncio.run(ours(native, client, args.rollouts)))
-            if shutil.which("uv"):
-                figures["verifiers"].append(asyncio.run(verifiers_own(server.base_url, args.rollouts)))
-    for name, values in figures.items():
+            f["bridges"].append(asyncio.run(ours(v1, client, args.rollouts)))
+            f["native"].append(asyncio.run(ours(native, client, args.rollouts)))
+            if program is not None:
+                f["verifiers"].append(asyncio.run(verifiers_own(server.base_url, args.rollouts)))
+                f["program_bridges"].append(asyncio.run(ours(program, client, args.rollouts)))
+                f["program_verifiers"].append(asyncio.run(verifiers_own(server.base_url, args.rollouts, "bash")))
+    for name, values in f.items():
         if values:
-            print(f"{name:10s} rollouts/s: " + ", ".join(f"{v:.1f}" for v in values), flush=True)
-    med = {k: statistics.median(v) if v else None for k, v in figures.items()}
-    vf = med["verifiers"]
-    ratio = f"{med['bridges'] / vf:.2f}" if vf else "n/a"
-    print(f"bridges_rollouts_per_s={med['bridges']:.1f} verifiers_rollouts_per_s={f'{vf:.1f}' if vf else 'n/a'} "
-          f"ratio={ratio} native_rollouts_per_s={med['native']:.1f}")  # fmt: skip
+            print(f"{name:18s} rollouts/s: " + ", ".join(f"{v:.1f}" for v in values), flush=True)
+    print(f"bridges_rollouts_per_s={_median(f['bridges'])} verifiers_rollouts_per_s={_median(f['verifiers'])} "
+          f"ratio={_ratio(f['bridges'], f['verifiers'])} native_rollouts_per_s={_median(f['native'])} "
+          f"program_bridges_rollouts_per_s={_median(f['program_bridges'])} "
+          f"program_verifiers_rollouts_per_s={_median(f['program_verifiers'])} "
+          f"program_ratio={_ratio(f['program_bridges'], f['program_verifiers'])}")  # fmt: skip
 
 
 if __name__ == "__main__":
