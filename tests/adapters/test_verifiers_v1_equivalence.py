@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from process_marks import processes_marked
 from scripted_engine import ScriptedEngine
+from v1_rollouts import our_states
 from vf_reference import programs_run_with_this_python, verifiers_own_results
 
 from bridges.envs.registry import load_environment
@@ -58,19 +59,8 @@ async def _ours(
 ) -> dict[tuple[int, str], Any]:
     from bridges.client import EngineClient
 
-    client = EngineClient(engine or ScriptedEngine(tokenizer), model_name="scripted")
-    env = load_environment(name, **env_args)
-    states = {}
-    for row in env.get_dataset():
-        (state,) = (await run_group(env, dict(row), client, 1, dict(SAMPLING), model="scripted")).states
-        assert state.error is None and state.stop_reason == "completed", state.error
-        stats = SampleStats()
-        (sample,) = state_to_samples(state, advantage=1.0, stats=stats)
-        assert stats.breaks == 0 and state.drift_tokens in (0, None)
-        sampled = [i for turn in state.turns for i in turn.completion_ids]
-        assert [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m] == sampled
-        states[(row["info"]["v1_task"], row["info"]["v1_seat"])] = state
-    return states
+    return await our_states(name, env_args, EngineClient(engine or ScriptedEngine(tokenizer), model_name="scripted"),
+                            SAMPLING)  # fmt: skip
 
 
 @pytest.mark.slow

@@ -14,11 +14,8 @@ from typing import Any
 
 import pytest
 from scripted_engine import ScriptedEngine, bash_script
+from v1_rollouts import our_states
 from vf_reference import verifiers_own_results
-
-from bridges.envs.registry import load_environment
-from bridges.workflows.rollouts import run_group
-from bridges.workflows.samples import SampleStats, state_to_samples
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLING = {"max_tokens": 64}
@@ -31,21 +28,11 @@ def _fixtures_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")])))
 
 
-async def _ours(tokenizer: Any, engine: ScriptedEngine, num_tasks: int) -> dict[tuple[int, str], Any]:
+async def _ours(engine: ScriptedEngine, num_tasks: int) -> dict[tuple[int, str], Any]:
     from bridges.client import EngineClient
 
     client = EngineClient(engine, model_name="scripted")
-    env = load_environment("vf_v1_bash_taskset", taskset={"num_tasks": num_tasks})
-    states = {}
-    for row in env.get_dataset():
-        (state,) = (await run_group(env, dict(row), client, 1, dict(SAMPLING), model="scripted")).states
-        assert state.error is None and state.stop_reason == "completed", state.error
-        stats = SampleStats()
-        (sample,) = state_to_samples(state, advantage=1.0, stats=stats)
-        sampled = [i for turn in state.turns for i in turn.completion_ids]
-        assert stats.breaks == 0 and [i for i, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m] == sampled
-        states[(row["info"]["v1_task"], row["info"]["v1_seat"])] = state
-    return states
+    return await our_states("vf_v1_bash_taskset", {"taskset": {"num_tasks": num_tasks}}, client, SAMPLING)
 
 
 @pytest.mark.slow
@@ -54,7 +41,7 @@ async def test_a_bash_agent_gives_verifiers_own_rewards_on_the_subprocess_runtim
     from bridges.server.app import serve_in_thread
 
     ours_engine, theirs_engine = ScriptedEngine(qwen_tokenizer, bash_script), ScriptedEngine(qwen_tokenizer, bash_script)
-    ours = await _ours(qwen_tokenizer, ours_engine, 6)
+    ours = await _ours(ours_engine, 6)
     with serve_in_thread(EngineClient(theirs_engine, model_name="scripted")) as server:
         theirs = await verifiers_own_results("vf_v1_bash_taskset", {"taskset": {"num_tasks": 6}}, server.base_url,
                                              "scripted", SAMPLING, harness=None)  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from weight_server import fresh, weight_server
 
 from bridges.grpo.push_channels import CollectiveChannel, HttpChannel, PushRefused
 from bridges.grpo.weight_push import payloads
@@ -30,25 +31,10 @@ KEY = "weights-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def fresh(tiny_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_path).eval()
-
-
 @pytest.fixture
 def served(tiny_path: Path, tiny_tokenizer: Any) -> Iterator[tuple[Any, Any]]:
-    from bridges.adapters.hf import HFEngine
-    from bridges.client import EngineClient
-    from bridges.models.weight_payload import model_layout, tokenizer_fingerprint
-
-    model = fresh(tiny_path)
-    engine = HFEngine(model, tiny_tokenizer)
-    identity = {"layout": model_layout(str(tiny_path)), "tokenizer": tokenizer_fingerprint(tiny_tokenizer)}
-    client = EngineClient(engine, model_name="tiny")
-    with serve_in_thread(client, updates=WeightUpdates(KEY, model), identity=identity) as server:
-        yield server, engine
-    engine.close()
+    with weight_server(tiny_path, tiny_tokenizer, KEY, identity=True) as served:
+        yield served
 
 
 def post(server: Any, path: str, body: Any = None, raw: bytes | None = None) -> httpx.Response:

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 import torch
+from weight_server import fresh, weight_server
 
 from bridges.grpo.push_channels import CollectiveChannel, HttpChannel, PushRefused
 from bridges.grpo.weight_push import lora_scalings, payloads
@@ -26,25 +27,11 @@ KEY = "weights-secret"
 PROMPT = [{"role": "user", "content": "Say something long."}]
 
 
-def fresh(tiny_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_path).eval()
-
-
 @pytest.fixture
 def served(tiny_path: Path, tiny_tokenizer: Any) -> Iterator[tuple[Any, Any]]:
     """A server over its own copy of the tiny model, taking pushes under KEY."""
-    from bridges.adapters.hf import HFEngine
-    from bridges.client import EngineClient
-
-    model = fresh(tiny_path)
-    engine = HFEngine(model, tiny_tokenizer)
-    with serve_in_thread(
-        EngineClient(engine, model_name="tiny"), updates=WeightUpdates(KEY, model)
-    ) as server:
-        yield server, engine
-    engine.close()
+    with weight_server(tiny_path, tiny_tokenizer, KEY) as served:
+        yield served
 
 
 def payload_bytes(state: dict[str, Any], scalings: dict[str, float], version: int, whole: bool) -> list[bytes]:
