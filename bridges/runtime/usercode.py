@@ -190,6 +190,13 @@ class DaemonPool:
         with self._lock:
             return len(self._abandoned)
 
+    @property
+    def threads_running(self) -> int:
+        """Threads inside a call now, abandoned ones included (a process should not exit under them:
+        a C++ call finishing during interpreter shutdown can abort it)."""
+        with self._lock:
+            return self._live - self._idle + len(self._abandoned)
+
 
 WORKERS = DaemonPool(32, "bridges-user")  # sync rewards and tools
 

@@ -121,4 +121,21 @@ def serve(config: ServeConfig) -> int:
         flush=True,
     )
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    _leave_hung_joins()
     return 0
+
+
+def _leave_hung_joins() -> None:
+    """A weight channel join hung on a peer that never answers (``weights.CHANNEL_THREADS``) holds a thread
+    inside torch's C++ store client, which cannot be interrupted; letting the interpreter shut down
+    under it can abort the process. Such a server exits at once instead, saying so."""
+    import os
+    import sys
+
+    from bridges.server.weights import CHANNEL_THREADS
+
+    if CHANNEL_THREADS.threads_running:
+        print("a weight channel join still waits on a peer that never answered; exiting without it.",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.stdout.flush()
+        os._exit(0)

@@ -136,8 +136,8 @@ class WeightEndpoints:
             return _error(403, "a weight channel joins only the address its request came from; start the "
                                "server with channel_hosts=<host> to allow another.", "channel_host_refused")  # fmt: skip
         if CHANNEL_THREADS.threads_abandoned >= MAX_HUNG_JOINS:
-            return _error(503, f"{MAX_HUNG_JOINS} weight channel joins hang past their timeout; restart the server.",
-                          "channel_busy")  # fmt: skip
+            return _error(503, f"{MAX_HUNG_JOINS} weight channel joins hang past their timeout on peers that never "
+                               "answer; try again once those peers close, or restart the server.", "channel_busy")  # fmt: skip
         earlier, self.joining = self.joining, asyncio.ensure_future(self._connect(where, backend, timeout_s))
         if earlier is not None:
             earlier.add_done_callback(_close_pair)
@@ -150,7 +150,7 @@ class WeightEndpoints:
     async def _channel_push(self, raw: bytes) -> Any:
         try:
             manifest = Manifest.from_json(json.loads(raw))
-        except (ValueError, WeightPayloadError) as exc:
+        except (ValueError, RecursionError, WeightPayloadError) as exc:
             return _error(400, str(exc) if isinstance(exc, WeightPayloadError) else "the manifest is not JSON.",
                           "invalid_weights")  # fmt: skip
         if manifest.nbytes() > self.max_bytes:

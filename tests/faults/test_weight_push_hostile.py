@@ -60,19 +60,29 @@ class SilentPeer:
         self.socket.listen(64)
         self.port = self.socket.getsockname()[1]
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.lock, self.closed = threading.Lock(), False
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
 
     def _accept(self) -> None:
         while True:
             try:
-                self.held.append(self.socket.accept()[0])
+                connection = self.socket.accept()[0]
             except OSError:
                 return
+            with self.lock:
+                if self.closed:  # accepted while closing: not held
+                    connection.close()
+                    return
+                self.held.append(connection)
 
     def close(self) -> None:
-        self.socket.close()
-        for held in self.held:
-            held.close()
+        with self.lock:
+            self.closed = True
+            self.socket.close()
+            for held in self.held:
+                held.close()
+        self.acceptor.join(5)
 
 
 JOIN = {"host": "127.0.0.1", "prefix": "p/", "backend": "gloo"}
@@ -124,7 +134,7 @@ def test_a_silent_peer_costs_the_timeout_says_nothing_and_never_stalls_sampling(
     finally:
         peer.close()  # the hung threads see the connection end and return
     deadline = time.monotonic() + 30
-    while weight_routes.CHANNEL_THREADS.threads_abandoned:
+    while weight_routes.CHANNEL_THREADS.threads_running:  # the store clients retry, then give up
         assert time.monotonic() < deadline, "the join threads did not return once the peer closed"
         time.sleep(0.2)
 
@@ -305,3 +315,38 @@ def test_a_weights_key_equal_to_the_api_key_is_refused(capsys: pytest.CaptureFix
     assert exit_info.value.code == 2 and err == (
         "error: weights_key must differ from api_key: whoever may sample could change the weights."
     )
+
+
+def test_a_manifest_nested_past_any_parser_is_400(served: Any):
+    server, engine = served
+    deep = b"[" * 100_000 + b"]" * 100_000
+    reply = httpx.post(f"{server.url}/v1/weights", content=deep, timeout=60,
+                       headers={**AUTH, "Content-Type": "application/json"})  # fmt: skip
+    assert reply.status_code == 400 and "the manifest is not JSON" in reply.text and engine.weight_version == 0
+
+
+@pytest.mark.slow
+def test_a_server_stopped_while_a_join_hangs_exits_cleanly(tmp_path: Path):
+    """Ctrl-C on ``bridges.serve`` with a join stuck inside torch's store client: one line and exit 0,
+    not an abort at interpreter shutdown (a C++ call finishing under it)."""
+    import signal
+
+    from serve_process import WEIGHTS_KEY, ServeProcess
+
+    peer = SilentPeer()
+    served = ServeProcess(tmp_path / "serve.log").wait()
+    try:
+        join = {**JOIN, "port": peer.port, "timeout_s": 600}
+        reply = httpx.post(f"{served.url}/v1/weights/channel", json=join, timeout=30,
+                           headers={"Authorization": f"Bearer {WEIGHTS_KEY}"})  # fmt: skip
+        assert reply.status_code == 200
+        time.sleep(1.0)  # the join is inside the store client now
+        served.process.send_signal(signal.SIGINT)
+        code = served.process.wait(timeout=60)
+    finally:
+        served.kill()
+        peer.close()
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log[-2000:]
+    assert "a weight channel join still waits on a peer that never answered; exiting without it." in log
+    assert "Traceback" not in log and "terminate called" not in log
