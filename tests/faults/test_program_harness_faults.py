@@ -106,8 +106,11 @@ def test_a_program_uv_cannot_prepare_is_one_sentence_before_any_rollout(
     shim.write_text(f'#!/bin/sh\ncase "$*" in *--help*) exec {real} "$@";; esac\n'
                     'echo "error: Failed to fetch: https://pypi.org/simple/openai/ (index unreachable)" >&2\nexit 2\n')  # fmt: skip
     shim.chmod(0o755)
+    from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(v1_programs, "_PREPARED", set())
+    monkeypatch.setattr(SubprocessRuntime, "_interpreters", {})  # verifiers' per-process cache of prepared scripts
     with pytest.raises(ConfigError, match=r"its program could not be prepared on verifiers' subprocess runtime .*"
                                           r"index unreachable.*uv must be able to install its script's dependencies"):  # fmt: skip
         load_environment("vf_v1_bash_taskset")
