@@ -39,8 +39,8 @@ async def test_no_reply_to_an_agent_carries_a_call_to_an_empty_or_undeclared_nam
     assert status == 200 and all(name in ("lookup", "search") for name in names), names
     if tool_choice == "auto":  # nothing callable: the model's own text, as it wrote it
         assert names == [] and choice["message"]["content"] == reply and choice["finish_reason"] == "stop"
-    else:
-        assert names == ["lookup"] and choice["finish_reason"] == "tool_calls"
+    else:  # a reply with a call to no name is drawn again, then the engine names a declared tool itself
+        assert len(names) == 1 and choice["finish_reason"] == "tool_calls"
     assert engine.calls  # the engine really sampled the reply
 
 
