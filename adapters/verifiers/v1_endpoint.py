@@ -31,7 +31,7 @@ from typing import Any
 
 from bridges.agents.session_routes import parse_body
 from bridges.agents.sessions import SEED_STRIDE, Session, SessionRefusal, answer_chat
-from bridges.agents.streams import chat_chunks, sse
+from bridges.agents.streams import chat_stream
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -120,9 +120,7 @@ class SessionEndpoint:
         if status != 200 or not body.get("stream"):
             return web.json_response(payload, status=status)
         # a program harness's client streams (verifiers 0.4's): the recorded reply, cut into chunks
-        options = body.get("stream_options")
-        usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return web.Response(body=sse(chat_chunks(payload, usage), done=True), content_type="text/event-stream")
+        return web.Response(body=chat_stream(payload, body), content_type="text/event-stream")
 
     def _session(self, episode: str, key: str, client: Any, body: dict[str, Any]) -> Session:
         """The episode's session named ``key``, opened on its first call (verifiers sends each call with

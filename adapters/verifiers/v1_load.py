@@ -114,16 +114,17 @@ def _seat(taskset_id: str, name: str, spec: Any, data: dict[str, Any]) -> bool:
 
     harness = spec.harness if spec.harness is not None else default_agent_harness(taskset_id)
     harness_id = harness.id
-    if harness_id == SEAT_ID or harness_class(harness_id) is NullHarness:
+    program = None if harness_id == SEAT_ID else harness_class(harness_id)
+    if program is None or program is NullHarness:
         seat = dict(data.get(name) or {})
         seat["harness"] = {"id": SEAT_ID}
         seat["runtime"] = {"type": "subprocess"}  # the seat runs nothing in it: no sandbox is provisioned
         data[name] = seat
         return False
-    if not harness_class(harness_id).NEEDS_CONTAINER:  # a program on verifiers' subprocess runtime
+    if not program.NEEDS_CONTAINER:  # a program on verifiers' subprocess runtime
         data[name] = runtime_for(dict(data.get(name) or {}))
         if data[name]["runtime"].get("type") == "subprocess":
-            check_program(taskset_id, name, harness_class(harness_id), harness)
+            check_program(taskset_id, name, program, harness)
         return True
     raise ConfigError(
         f"agent '{name}' of the verifiers v1 taskset '{taskset_id}' runs on the '{harness_id}' harness, a "

@@ -14,7 +14,7 @@ from typing import Any
 
 from bridges.agents import anthropic_dialect, responses_dialect
 from bridges.agents.sessions import Session, SessionRefusal, Sessions, answer_chat
-from bridges.agents.streams import chat_chunks, sse
+from bridges.agents.streams import chat_stream, sse
 
 DIALECTS = {"responses": responses_dialect, "messages": anthropic_dialect}
 ROUTES = ("chat/completions", "responses", "messages")
@@ -90,9 +90,7 @@ async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) ->
     if dialect is None:
         if not body.get("stream"):
             return json_reply(200, payload)
-        options = body.get("stream_options")
-        usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        return Reply(200, sse(chat_chunks(payload, usage), done=True), "text/event-stream")
+        return Reply(200, chat_stream(payload, body), "text/event-stream")
     translated = dialect.from_chat(payload, body, session)
     if not body.get("stream"):
         return json_reply(200, translated)

@@ -41,3 +41,10 @@ def chat_chunks(payload: dict[str, Any], include_usage: bool) -> list[dict[str, 
     if include_usage and payload.get("usage") is not None:
         chunks.append({**base, "choices": [], "usage": payload["usage"]})
     return chunks
+
+
+def chat_stream(payload: dict[str, Any], body: dict[str, Any]) -> bytes:
+    """The Chat Completions stream a request ``body`` asked for (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return sse(chat_chunks(payload, usage), done=True)
