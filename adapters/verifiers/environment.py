@@ -19,7 +19,7 @@ from typing import Any
 
 from bridges.adapters.verifiers.presign import presign_hooks
 from bridges.adapters.verifiers.reward_guard import ERROR_KEY, guard
-from bridges.agents.in_process import session_client
+from bridges.agents.in_process import bound_client, bound_to
 from bridges.agents.sessions import Sessions
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
@@ -102,6 +102,7 @@ class VerifiersEnvironment(Environment):
     ) -> None:
         self.vf_env = vf_env
         self._sessions = Sessions()  # one per rollout, each closed when its rollout ends
+        self._on_sessions: Any = None  # verifiers' client on the session bound to each rollout, built once
         super().__init__(
             dataset=(lambda: vf_env.get_dataset()) if getattr(vf_env, "dataset", None) is not None else None,
             eval_dataset=(lambda: vf_env.get_eval_dataset()),
@@ -118,13 +119,15 @@ class VerifiersEnvironment(Environment):
 
         self._wants_task = version_tuple(str(getattr(vf, "__version__", "0"))) < (0, 1, 13)
 
-    def _vf_client(self, client: Any) -> Any:
-        import verifiers as vf
+    def _vf_client(self) -> Any:
+        """verifiers' client over our sessions, built once (its wrapper costs more than a model call)."""
+        if self._on_sessions is None:
+            import verifiers as vf
 
-        wrapper = getattr(
-            vf, "OpenAIChatCompletionsClient", None
-        )  # 0.1.11+; older versions take the raw client
-        return wrapper(client) if wrapper is not None else client
+            wrapper = getattr(vf, "OpenAIChatCompletionsClient", None)  # 0.1.11+; older take the raw client
+            client = bound_client(self._sessions)
+            self._on_sessions = wrapper(client) if wrapper is not None else client
+        return self._on_sessions
 
     async def rollout(
         self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
@@ -149,8 +152,8 @@ class VerifiersEnvironment(Environment):
         session.declared_tools_only = False  # verifiers' ToolEnv answers a call to an unknown tool itself
         try:
             try:
-                async with session_client(self._sessions, session) as on_session:
-                    native = await self.vf_env.rollout(vf_input, self._vf_client(on_session), model, args)
+                with bound_to(session):
+                    native = await self.vf_env.rollout(vf_input, self._vf_client(), model, args)
             finally:
                 self._sessions.close(session)
             state._native = native

@@ -19,8 +19,14 @@ opened, whether its rollout finished or failed.
 Seeds: verifiers sends every call of an episode with the episode's one sampling config, so every
 agent run in it (both seats of a hand, the ``n`` attempts of ``best-of-n`` at one identical prompt)
 would sample with one seed and, at an identical prompt, sample identical replies. Each episode is
-therefore served under a path of its own, and its j-th session samples with ``seed + j *
-EPISODE_SEED_STRIDE``, and that session's call k with ``SEED_STRIDE`` more per call, as every session.
+therefore named in every call, and its j-th session samples with ``seed + j * EPISODE_SEED_STRIDE``,
+and that session's call k with ``SEED_STRIDE`` more per call, as every session.
+
+Why the episode rides in the body (``EPISODE_KEY``, a sampling key verifiers passes through, taken out
+here before sampling) and not in the URL: verifiers' interception server keeps one model client per
+distinct endpoint config, and building one (an ``httpx`` client with a fresh TLS context) costs ~17 ms
+of CPU. A URL per episode paid that on every rollout, more than the rollout's own work; one URL per
+engine client pays it once and shares verifiers' keepalive pool, as verifiers intends.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 from bridges.agents.session_routes import parse_body
 from bridges.agents.sessions import SEED_STRIDE, Session, SessionRefusal, answer_chat
 from bridges.agents.streams import chat_stream
+from bridges.client.http_bodies import response_bytes, response_json
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -39,10 +46,12 @@ MAX_CALLS_PER_SESSION = 256
 MAX_SESSIONS_PER_EPISODE = 256
 MAX_SESSION_ID = 200
 EPISODE_SEED_STRIDE = MAX_CALLS_PER_SESSION * SEED_STRIDE  # past every call of the session before
+EPISODE_KEY = "bridges_episode"  # the sampling key that names a call's episode (module doc)
 
 
 class SessionEndpoint:
-    """``/c/<client>/e/<episode>/v1/chat/completions`` over each client added (``url_for``); every
+    """``/c/<client>/v1/chat/completions`` over each client added (``url_for``), each call naming its
+    episode (``EPISODE_KEY``, from ``open_episode``); every
     answered call is kept under its session id. One endpoint serves every client of its event loop:
     verifiers' env holds one interception server at a time, so the clients a backend swaps in (Tinker's
     sampler per weight version) must share it rather than each open their own beside it. Each call is
@@ -57,12 +66,15 @@ class SessionEndpoint:
         self._runner: Any = None
         self._root = ""
 
-    def url_for(self, client: Any, episode: str) -> str:
-        """The base URL under which ``client`` answers ``episode`` (the client is kept until the
-        endpoint closes, the episode until ``end_episode``)."""
+    def url_for(self, client: Any) -> str:
+        """The base URL under which ``client`` answers (kept until the endpoint closes)."""
         self.clients[id(client)] = client
+        return f"{self._root}/c/{id(client)}/v1"
+
+    def open_episode(self, episode: str) -> dict[str, str]:
+        """Serve ``episode`` until ``end_episode``: the sampling arguments its calls must carry."""
         self.episodes.setdefault(episode, 0)
-        return f"{self._root}/c/{id(client)}/e/{episode}/v1"
+        return {EPISODE_KEY: episode}
 
     def end_episode(self, episode: str) -> None:
         """The episode is over (done or failed): its path stops answering and its sessions are freed."""
@@ -78,7 +90,7 @@ class SessionEndpoint:
         from aiohttp import web
 
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/c/{client}/e/{episode}/v1/chat/completions", self._chat)
+        app.router.add_post("/c/{client}/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -104,23 +116,28 @@ class SessionEndpoint:
         client = self.clients.get(
             int(request.match_info["client"]) if request.match_info["client"].isdigit() else -1
         )
-        if client is None or request.match_info["episode"] not in self.episodes:
-            return _error(web, 404, "no client or episode is served under that path (an ended episode's).")
+        if client is None:
+            return _error(web, 404, "no client is served under that path.")
         try:
             body = parse_body(await request.read())
         except web.HTTPRequestEntityTooLarge:
             return _error(web, 413, f"the request body is larger than {MAX_BODY_BYTES} bytes.")
         except SessionRefusal as refusal:
             return _error(web, refusal.status, refusal.message)
+        episode = body.pop(EPISODE_KEY, None)
+        if not isinstance(episode, str) or episode not in self.episodes:
+            return _error(web, 404, f"the call names no episode being served ('{EPISODE_KEY}'; an ended one's).")
         try:
-            session = self._session(request.match_info["episode"], request.headers.get(SESSION_HEADER, ""), client, body)
+            session = self._session(episode, request.headers.get(SESSION_HEADER, ""), client, body)
         except SessionRefusal as refusal:
             return _error(web, refusal.status, refusal.message)
-        status, payload = await answer_chat(session, body)
-        if status != 200 or not body.get("stream"):
-            return web.json_response(payload, status=status)
+        status, error, response = await answer_chat(session, body)
+        if error is not None:
+            return web.json_response(error, status=status)
+        if not body.get("stream"):
+            return web.Response(body=response_bytes(response), content_type="application/json")
         # a program harness's client streams (verifiers 0.4's): the recorded reply, cut into chunks
-        return web.Response(body=chat_stream(payload, body), content_type="text/event-stream")
+        return web.Response(body=chat_stream(response_json(response), body), content_type="text/event-stream")
 
     def _session(self, episode: str, key: str, client: Any, body: dict[str, Any]) -> Session:
         """The episode's session named ``key``, opened on its first call (verifiers sends each call with

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import functools
-import itertools
 import math
-import os
 import time
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers
-from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
-from bridges.adapters.verifiers.v1_sharing import Match, SharedEpisodes
+from bridges.adapters.verifiers.v1_serving import Serving
+from bridges.adapters.verifiers.v1_sharing import Match
 from bridges.adapters.verifiers.v1_taskset import tasks_of
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
@@ -180,11 +177,12 @@ class V1Environment(Environment):
         from verifiers.v1.env import RunSlot
         from verifiers.v1.types import SamplingConfig
 
-        sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None})
         number = f"{next(serving.numbers)}"
         async with serving:
             try:
-                context = serving.context(client, model, sampling, number)
+                named = serving.endpoint.open_episode(number)
+                sampling = SamplingConfig(**{k: v for k, v in args.items() if v is not None}, **named)
+                context = serving.context(client, model, sampling)
                 episode = await self.vf_env.run_slot(RunSlot(task), context)
                 calls = {trace.id: serving.endpoint.take(number, trace.id) for trace in episode.traces}
             finally:
@@ -206,61 +204,6 @@ class V1Environment(Environment):
 
     async def score_group(self, states: list[State]) -> None:
         await self.rubric.score_group(states)
-
-
-class Serving:
-    """verifiers' serving resources (interception server, shared tools) and our endpoint, open while
-    any rollout of one event loop runs: verifiers multiplexes concurrent rollouts over one interception
-    server, which its env holds one of at a time, and opening them per rollout cost ~80 ms (two TLS
-    contexts). Every client of the loop is answered on the one endpoint, under a path of its own."""
-
-    def __init__(self, vf_env: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.vf_env, self.loop = vf_env, loop
-        self.endpoint = SessionEndpoint()
-        self.episodes: SharedEpisodes[tuple[Any, dict[str, Any]]] = SharedEpisodes()
-        self.numbers = itertools.count()  # each episode's path on the endpoint (its sessions' seeds)
-        self.key_var = f"BRIDGES_V1_ENDPOINT_{id(self):x}"  # verifiers' client reads its key from one
-        self._users = 0
-        self._lock = asyncio.Lock()
-        self._stack: contextlib.AsyncExitStack | None = None
-
-    def context(self, client: Any, model: str, sampling: Any, episode: str) -> Any:
-        from verifiers.v1.clients import ModelContext
-        from verifiers.v1.configs.client import EvalClientConfig
-
-        url = self.endpoint.url_for(client, episode)
-        config = EvalClientConfig(base_url=url, api_key_var=self.key_var)
-        return ModelContext(model, config, sampling)
-
-    async def __aenter__(self) -> Serving:
-        async with self._lock:
-            if self._users == 0:
-                await self._open()
-            self._users += 1
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        async with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._stack is not None:
-                stack, self._stack = self._stack, None
-                await stack.aclose()
-
-    async def _open(self) -> None:
-        from bridges.adapters.verifiers.v1_seat import hold_http_client, release_http_client
-
-        stack = contextlib.AsyncExitStack()
-        try:
-            await stack.enter_async_context(self.endpoint)
-            os.environ[self.key_var] = self.endpoint.secret
-            stack.callback(os.environ.pop, self.key_var, None)
-            hold_http_client()
-            stack.push_async_callback(release_http_client)
-            await stack.enter_async_context(self.vf_env.serving())
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
 
 
 def _outer_bound(episode_timeout: float | None) -> float:

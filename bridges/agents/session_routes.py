@@ -15,6 +15,7 @@ from typing import Any
 from bridges.agents import anthropic_dialect, responses_dialect
 from bridges.agents.sessions import Session, SessionRefusal, Sessions, answer_chat
 from bridges.agents.streams import chat_stream, sse
+from bridges.client.http_bodies import response_bytes, response_json
 
 DIALECTS = {"responses": responses_dialect, "messages": anthropic_dialect}
 ROUTES = ("chat/completions", "responses", "messages")
@@ -84,12 +85,13 @@ async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) ->
         name = dialect.NAME if dialect is not None else "Chat Completions"
         return refusal_reply(400, f"the request body is not a well-formed {name} request.", "invalid_request",
                              anthropic)  # fmt: skip
-    status, payload = await answer_chat(session, chat)
-    if status != 200:
-        return json_reply(status, anthropic_dialect.error_shape(payload) if anthropic else payload)
+    status, error, response = await answer_chat(session, chat)
+    if error is not None:
+        return json_reply(status, anthropic_dialect.error_shape(error) if anthropic else error)
+    if dialect is None and not body.get("stream"):
+        return Reply(200, response_bytes(response))
+    payload = response_json(response)
     if dialect is None:
-        if not body.get("stream"):
-            return json_reply(200, payload)
         return Reply(200, chat_stream(payload, body), "text/event-stream")
     translated = dialect.from_chat(payload, body, session)
     if not body.get("stream"):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.client.api_errors import error_body
-from bridges.client.http_bodies import response_json, split_kwargs, tool_calls_problem
+from bridges.client.http_bodies import split_kwargs, tool_calls_problem
 from bridges.envs.messages import to_message_dict, to_message_dicts
 
 MAX_CALLS = 64
@@ -109,7 +109,7 @@ class Session:
         """The last answered call's messages followed by its reply (empty when none was answered)."""
         if not self.responses:
             return []
-        return [*self.conversations[-1], to_message_dict(self.responses[-1].choices[0].message)]
+        return [*to_message_dicts(self.conversations[-1]), to_message_dict(self.responses[-1].choices[0].message)]
 
     def admit(self) -> None:
         """Count a call in, or refuse it (closed, or past a cap)."""
@@ -129,7 +129,10 @@ class Session:
                                  "the most it keeps; close finished sessions.", "server_sessions_full")  # fmt: skip
         self.calls_started += 1
 
-    def record(self, messages: list[dict[str, Any]], response: Any) -> None:
+    def record(self, messages: list[Any], response: Any) -> None:
+        """Keep one answered call. ``messages`` are kept as sent (each request's own parsed body, never
+        shared) and normalised when read: most rollouts never read them, and normalising costs about as
+        much as recording."""
         if self.closed:  # answered after its rollout ended: the rollout's turns are already taken
             raise SessionRefusal(410, "this session closed while the call ran; nothing was recorded.",
                                  "session_closed")  # fmt: skip
@@ -222,19 +225,21 @@ def chat_arguments(session: Session, body: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-async def answer_chat(session: Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON) for one Chat Completions call on ``session``, recorded when answered."""
+async def answer_chat(session: Session, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None, Any]:
+    """One Chat Completions call on ``session``, recorded when answered: (HTTP status, error JSON or
+    None, the response or None). The response is handed back as the SDK object, not as JSON, so a
+    caller that sends it as it is serialises it once (``response_bytes``)."""
     if not isinstance(body.get("messages"), list):
-        return 400, SessionRefusal(400, "'messages' must be a list.", "invalid_messages").body()
+        return 400, SessionRefusal(400, "'messages' must be a list.", "invalid_messages").body(), None
     try:
         session.admit()
         kwargs = chat_arguments(session, body)
         response = await session.client.chat.completions.create(**kwargs)
-        session.record(to_message_dicts(kwargs["messages"]), response)
+        session.record(kwargs["messages"], response)
     except SessionRefusal as refusal:
-        return refusal.status, refusal.body()
+        return refusal.status, refusal.body(), None
     except TypeError as exc:  # an argument the SDK's create does not take, as the SDK says it
-        return 400, SessionRefusal(400, " ".join(str(exc).split()), "invalid_argument").body()
+        return 400, SessionRefusal(400, " ".join(str(exc).split()), "invalid_argument").body(), None
     except Exception as exc:  # the engine's refusal (400 prompt too long, 504 timeout...), as serve sends it
-        return error_body(exc)
-    return 200, response_json(response)
+        return (*error_body(exc), None)
+    return 200, None, response

@@ -45,7 +45,7 @@ from bridges.client.arguments import (
     parse_completion,
 )
 from bridges.client.families import resolve_family
-from bridges.client.http_bodies import response_json, split_kwargs
+from bridges.client.http_bodies import response_bytes, split_kwargs
 from bridges.client.ledger import (
     LedgerRecord,
     TokenLedger,
@@ -170,7 +170,8 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
         if isinstance(response, openai.AsyncStream):  # the SDK asked for stream=True: the same events
             body = await response.response.aread()
             return httpx2.Response(200, headers=response.response.headers, content=body, request=request)
-        return httpx2.Response(200, json=response_json(response), request=request)
+        return httpx2.Response(200, headers={"content-type": "application/json"}, content=response_bytes(response),
+                               request=request)  # fmt: skip
 
 
 class _ChatCompletions(_SDKChatCompletions):

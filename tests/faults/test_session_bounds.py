@@ -95,8 +95,8 @@ async def test_the_servers_sessions_share_one_memory_budget(scripted: Any):
     first, second = (sessions.open(client, "m", {"max_tokens": 4}) for _ in range(2))
     message = {"messages": [{"role": "user", "content": "hi"}]}
     assert (await answer_chat(first, message))[0] == 200
-    status, body = await answer_chat(second, message)
-    assert status == 429 and body["error"]["code"] == "server_sessions_full"
+    status, body, _ = await answer_chat(second, message)
+    assert status == 429 and body is not None and body["error"]["code"] == "server_sessions_full"
     sessions.close(first)
     assert (await answer_chat(second, message))[0] == 200
 
@@ -117,11 +117,11 @@ async def test_the_memory_estimate_covers_what_a_record_holds(hf_engine: Any, to
     try:
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(6):
-            status, payload = await answer_chat(session, {"messages": messages})
+            status, _, response = await answer_chat(session, {"messages": messages})
             assert status == 200
-            reply = payload["choices"][0]["message"]["content"] or "."
+            reply = response.choices[0].message.content or "."
             messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": text[:300]}]
-        del status, payload
+        del status, response
         measured = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

@@ -29,12 +29,13 @@ REPLIES = {  # (tool_choice, what the model writes after the prompt and any pref
 @pytest.mark.parametrize("case", sorted(REPLIES))
 async def test_no_reply_to_an_agent_carries_a_call_to_an_empty_or_undeclared_name(scripted: Any, case: str):
     from bridges.agents.sessions import Sessions, answer_chat
+    from bridges.client.http_bodies import response_json
 
     tool_choice, reply = REPLIES[case]
     client, engine = scripted(lambda prompt: reply)
     session = Sessions().open(client, "m", {"max_tokens": 64})  # what every agent surface answers through
-    status, payload = await answer_chat(session, {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice})
-    choice = payload["choices"][0]
+    status, _, response = await answer_chat(session, {"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice})
+    choice = response_json(response)["choices"][0]
     names = [call["function"]["name"] for call in choice["message"].get("tool_calls") or []]
     assert status == 200 and all(name in ("lookup", "search") for name in names), names
     if tool_choice == "auto":  # nothing callable: the model's own text, as it wrote it
