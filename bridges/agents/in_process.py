@@ -128,14 +128,23 @@ class SessionClient(openai.AsyncOpenAI):
         )
         self._session_sessions = sessions
 
-    async def post(self, path: str, *, cast_to: Any, body: Any = None, options: Any = None,
-                   stream: bool = False, **rest: Any) -> Any:
+    async def post(
+        self,
+        path: str,
+        *,
+        cast_to: Any,
+        body: Any = None,
+        options: Any = None,
+        stream: bool = False,
+        **rest: Any,
+    ) -> Any:
         route = path.lstrip("/")
         extra = dict(options or {})
         direct = (not stream and not rest and route in session_routes.ROUTES and isinstance(cast_to, type)
                   and issubclass(cast_to, _RAW_TYPES) and set(extra) <= {"headers", "extra_json"})  # fmt: skip
         if not direct:
-            return await super().post(path, cast_to=cast_to, body=body, options=options or {}, stream=stream, **rest)
+            sdk_options: Any = options or {}
+            return await super().post(path, cast_to=cast_to, body=body, options=sdk_options, stream=stream, **rest)
         try:
             raw = request_bytes(body, extra.get("extra_json"))
         except (TypeError, ValueError) as exc:  # as the SDK's own encoder would refuse it, before sending

@@ -42,9 +42,12 @@ async def test_a_raw_post_is_refused_in_the_sdk_s_own_error_types(scripted: Any)
     session = sessions.open(client, "m", {}, max_calls=1)
     on_session = session_client(sessions, session)
     with pytest.raises(TypeError, match="cannot be sent as JSON"):  # as the SDK's encoder refuses it
-        await on_session.post("/chat/completions", body={"messages": HELLO, "bad": {1, 2}}, cast_to=httpx.Response)
+        await on_session.post(
+            "/chat/completions", body={"messages": HELLO, "bad": {1, 2}}, cast_to=httpx.Response
+        )
     bad = await asyncio.gather(
-        on_session.post("/chat/completions", body={"messages": "hi"}, cast_to=httpx.Response), return_exceptions=True
+        on_session.post("/chat/completions", body={"messages": "hi"}, cast_to=httpx.Response),
+        return_exceptions=True,
     )
     assert isinstance(bad[0], openai.BadRequestError) and "'messages' must be a list" in str(bad[0])
     await on_session.post("/chat/completions", body={"messages": HELLO}, cast_to=httpx.Response)
@@ -79,7 +82,9 @@ async def test_a_bound_client_answers_each_call_on_the_session_of_its_context(sc
     assert len(second.responses) == 2
     with pytest.raises(openai.NotFoundError, match="no session has this id"):  # outside every rollout
         await shared.post("/chat/completions", body={"messages": HELLO}, cast_to=httpx.Response)
-    assert first.conversations[0] == HELLO and first.last_exchange()[0] == HELLO[0]  # as sent, read normalised
+    assert (
+        first.conversations[0] == HELLO and first.last_exchange()[0] == HELLO[0]
+    )  # as sent, read normalised
 
 
 async def _later(client: Any) -> Any:
