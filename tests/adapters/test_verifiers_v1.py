@@ -271,3 +271,18 @@ def test_serving_opens_once_for_rollouts_in_waves_and_closes_with_its_loop(
     serving = asyncio.run(waves())
     assert len(opened) == 2 and opened[0] is opened[1]
     assert not serving.is_open  # the loop's shutdown cancelled the closer, which closed it
+
+
+def test_a_program_cannot_name_another_episode_in_its_calls():
+    """The episode rides in each call as a sampling key; verifiers' interception overlays the rollout's
+    sampling on every dialect's body, so a program that sends its own ``bridges_episode`` (to land in
+    another rollout's record) is overruled. Asserted on this release's own dialects."""
+    from verifiers.v1.dialects import DIALECTS
+    from verifiers.v1.types import SamplingConfig
+
+    from bridges.adapters.verifiers.v1_endpoint import EPISODE_KEY
+
+    sampling = SamplingConfig(**{EPISODE_KEY: "7", "seed": 3})
+    for dialect in DIALECTS:
+        body = {"model": "m", "messages": [], "input": [], "max_tokens": 4, EPISODE_KEY: "0"}
+        assert dialect.apply_overrides(body, "m", sampling)[EPISODE_KEY] == "7", type(dialect).__name__
