@@ -85,7 +85,7 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
         # the Trainer's mixed precision: fp32 weights and optimizer, the forward under autocast
         "bf16": str(where.dtype) == "torch.bfloat16",
         "fp16": str(where.dtype) == "torch.float16",
-        "gradient_checkpointing": t.gradient_checkpointing,
+        "gradient_checkpointing": t.gradient_checkpointing == "full",  # every layer or none: check_recompute
         "ddp_find_unused_parameters": False,  # every parameter takes part in the forward (LoRA: peft's own)
         "report_to": "none" if config.report_to == "none" else [config.report_to],
         "logging_steps": 1,
@@ -155,6 +155,17 @@ def quiet_console(trainer: Any) -> None:
     trainer.remove_callback(PrinterCallback)
 
 
+def check_recompute(config: TrainConfig) -> None:
+    """TRL recomputes every decoder layer or none: around each generation it turns checkpointing off
+    and then on again for every layer, so a stride (``every:K``) would silently become ``full``."""
+    if config.trainer.gradient_checkpointing not in ("off", "full"):
+        raise ConfigError(
+            f"backend=trl recomputes every decoder layer or none (TRL turns recomputation back on for every "
+            f"layer after each generation), so trainer.gradient_checkpointing={config.trainer.gradient_checkpointing} "
+            "cannot hold; set it to full or off."
+        )
+
+
 def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
@@ -164,6 +175,7 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
 
     check_model(config.model)
     check_device(config.trainer.device, "trainer.device")
+    check_recompute(config)
     if config.trainer.device.startswith("cuda:") and config.trainer.device != "cuda:0":
         raise ConfigError(
             f"backend=trl lets accelerate place the model, so trainer.device={config.trainer.device} cannot "

@@ -53,7 +53,7 @@ def _sft_args(config: Any, run_dir: Path) -> Any:
         save_total_limit=config.keep_checkpoints or None, report_to=[], seed=config.seed, data_seed=config.seed,
         disable_tqdm=not config.progress, max_length=config.max_length, use_cpu=where.device.type == "cpu",
         bf16=str(where.dtype) == "torch.bfloat16", fp16=str(where.dtype) == "torch.float16",
-        gradient_checkpointing=t.gradient_checkpointing, **config.sft,
+        gradient_checkpointing=t.gradient_checkpointing == "full", **config.sft,
     )  # fmt: skip
 
 

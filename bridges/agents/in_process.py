@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -55,15 +56,10 @@ def bound_to(session: Session) -> Iterator[None]:
 
 
 def _raw_response_types() -> tuple[type, ...]:
-    """The response classes a caller may ask for raw: httpx2's (the SDK's) and httpx's where installed."""
-    try:
-        import httpx
-    except ImportError:
-        return (httpx2.Response,)
-    return (httpx2.Response, httpx.Response)
-
-
-_RAW_TYPES = _raw_response_types()
+    """The response classes a caller may ask for raw: httpx2's (the SDK's), and httpx's where the
+    caller loaded httpx (it must have, to pass its class; never imported here), as the SDK decides."""
+    legacy = sys.modules.get("httpx")
+    return (httpx2.Response,) if legacy is None else (httpx2.Response, legacy.Response)
 
 
 class _SessionTransport(httpx2.AsyncBaseTransport):
@@ -141,7 +137,7 @@ class SessionClient(openai.AsyncOpenAI):
         route = path.lstrip("/")
         extra = dict(options or {})
         direct = (not stream and not rest and route in session_routes.ROUTES and isinstance(cast_to, type)
-                  and issubclass(cast_to, _RAW_TYPES) and set(extra) <= {"headers", "extra_json"})  # fmt: skip
+                  and issubclass(cast_to, _raw_response_types()) and set(extra) <= {"headers", "extra_json"})  # fmt: skip
         if not direct:
             sdk_options: Any = options or {}
             return await super().post(path, cast_to=cast_to, body=body, options=sdk_options, stream=stream, **rest)

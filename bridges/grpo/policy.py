@@ -14,6 +14,7 @@ import torch
 
 from bridges.envs.types import TrainableEngine
 from bridges.models.hardware import Placement, load_causal_lm
+from bridges.models.recompute import apply_recompute, recompute_stride
 from bridges.runs.engines import engine_class
 from bridges.runs.train_config import TrainConfig, lora_config
 
@@ -22,8 +23,8 @@ def load_policy(
     config: TrainConfig, where: Placement, *, for_sampling: bool = False, weights_dtype: Any = None
 ) -> tuple[torch.nn.Module, Any]:
     """The trainable policy (optionally LoRA-wrapped) on ``where.device`` in ``where.dtype`` (or
-    ``weights_dtype``: FSDP's fp32 sharded masters), and its tokenizer; activation checkpointing if
-    ``trainer.gradient_checkpointing``.
+    ``weights_dtype``: FSDP's fp32 sharded masters), and its tokenizer; activations recomputed as
+    ``trainer.gradient_checkpointing`` says.
 
     ``for_sampling``: the engine's copy, the same module layout (so pushed tensors find their names) but
     frozen, in eval mode and without checkpointing. A copy whose weights require grad makes every
@@ -36,9 +37,8 @@ def load_policy(
     path = resolve_model_path(config.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     policy = load_causal_lm(path, where, weights_dtype=weights_dtype)
-    if config.trainer.gradient_checkpointing and not for_sampling:
-        # non-reentrant: works with frozen inputs (LoRA) and with FSDP, no enable_input_require_grads needed
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not for_sampling:  # off, every decoder layer or every k-th (bridges/models/recompute.py)
+        apply_recompute(policy, recompute_stride(config.trainer.gradient_checkpointing))
     policy.config.use_cache = False  # the training forward runs over whole sequences
     lora = lora_config(config.trainer)
     if lora is not None:

@@ -53,6 +53,10 @@ def validate(config: SFTRunConfig) -> Path:
         raise ConfigError(f"bridges.sft does not use {ignored[0]} (set to {ignored[1]}); remove it.")
     if not config.data:
         raise ConfigError("give data=<a dataset folder written by bridges.export>.")
+    if config.trainer.gradient_checkpointing not in ("off", "full"):  # TRL's SFTTrainer: all layers or none
+        raise ConfigError(f"bridges.sft recomputes every decoder layer or none (TRL's trainer), so "
+                          f"trainer.gradient_checkpointing={config.trainer.gradient_checkpointing} cannot hold; "
+                          "set it to full or off.")  # fmt: skip
     _check_dataset(Path(config.data))
     check_model(config.model)
     check_device(config.trainer.device, "trainer.device")

@@ -91,7 +91,10 @@ class TrainerConfig:
     # hardware: bridges.models.hardware resolves device and dtype; several processes split each step's groups
     device: str = option("auto", help=DEVICE_HELP)
     dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)
-    gradient_checkpointing: bool = option(False, help="recompute activations in the backward pass (less memory)")
+    gradient_checkpointing: str = option(
+        "off", help="recompute activations in the backward pass, less memory for more time: off, full (every "
+        "decoder layer) or every:K (every K-th layer); true/false mean full/off (benchmarks/recompute.py)",
+    )  # fmt: skip
     logprob_chunk_tokens: int = option(
         256, ge=1, help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)"
     )
@@ -110,6 +113,13 @@ class TrainerConfig:
     lora_target_modules: list[str] = option(
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], help="modules LoRA adapts"
     )
+
+    def __post_init__(self) -> None:
+        # one spelling per choice from here on (true -> full), so every backend reads the same value;
+        # a bad one fails here, at parse time, in one sentence
+        from bridges.models.recompute import describe, recompute_stride
+
+        self.gradient_checkpointing = describe(recompute_stride(self.gradient_checkpointing))
 
 
 def learning_rate(t: TrainerConfig, model: str, *, lora: bool) -> float:

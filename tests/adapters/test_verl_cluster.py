@@ -32,6 +32,17 @@ SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer
          "progress=false", "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical  # fmt: skip
 
 
+# Ray gives its GCS ~20 s to answer a starting head; two heads starting at once on a loaded 2-core
+# machine (both pytest workers) have missed that. Ray's own operator budget for the wait, in seconds.
+GCS_WAIT = {"RAY_gcs_server_port_wait_time_s": "120"}
+
+
+@pytest.fixture(autouse=True)
+def _patient_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in GCS_WAIT.items():
+        monkeypatch.setenv(key, value)
+
+
 def ray_command(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "ray"), *args]
 
@@ -43,7 +54,7 @@ def two_raylets(head_gpus: int, worker_gpus: int) -> Iterator[dict[str, str]]:
     mark = f"BRIDGES_TEST_CLUSTER={uuid.uuid4().hex}"
     root = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
     port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1]}
+    env = {**os.environ, **GCS_WAIT, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1]}
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     try:
         subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", str(head_gpus),
