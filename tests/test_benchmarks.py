@@ -120,3 +120,13 @@ def test_agent_sessions_prints_the_cost_of_each_route():
     assert set(last) == {"direct_us", "in_process_us", "chat_us", "responses_us", "messages_us",
                          "in_process_ratio", "chat_ratio"}  # fmt: skip
     assert all(value > 0 for value in last.values())
+
+
+def test_recompute_benchmark_tables_each_setting_and_memory_falls_with_the_layers_recomputed():
+    out = _run(str(ROOT / "benchmarks/recompute.py"), "--layers", "4", "--batch", "2", "--seq", "128",
+               "--repeats", "1", "--device", "cpu")  # fmt: skip
+    rows = re.findall(r"^(off|every:4|every:2|full)\s+([\d.]+)\s", out, flags=re.M)
+    assert [name for name, _ in rows] == ["off", "every:4", "every:2", "full"]
+    last = _fields(out.strip().splitlines()[-1])
+    assert last["full_memory_ratio"] < last["every2_memory_ratio"] < 1.0, last
+    assert all(last[f"{name}_time_ratio"] > 0 for name in ("every4", "every2", "full"))
