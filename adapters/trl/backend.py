@@ -40,6 +40,7 @@ TRL_METRIC_NAMES = {
 HONOURED_KEYS = shared_keys() - {
     "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
     "trainer.strategy", "trainer.logprob_chunk_tokens",
+    "trainer.micro_batch_tokens",  # TRL packs with its own trl.padding_free (flash-attention only)
 }  # fmt: skip
 
 

@@ -56,6 +56,7 @@ HONOURED_KEYS = shared_keys() - {
     # verl places, shards and checkpoints its own workers (verl.trainer.n_gpus_per_node, verl.actor_rollout_ref.*)
     "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
     "trainer.num_processes", "trainer.strategy",
+    "trainer.micro_batch_tokens",  # verl packs with its own use_remove_padding (verl.actor_rollout_ref.*)
 }  # fmt: skip
 
 

@@ -52,3 +52,23 @@ def padding_sample(pad_token_id: int) -> TrainingSample:
     than the others. With several processes every forward and backward is a collective over the same
     parameters, so it runs the whole graph (head included) and contributes a zero gradient."""
     return TrainingSample(token_ids=[pad_token_id] * 2, loss_mask=[0, 1], logprobs=[0.0, 0.0], advantage=0.0)
+
+
+def pack_micro_batches(samples: list[TrainingSample], budget: int) -> list[list[TrainingSample]]:
+    """The step's samples in micro-batches of at most ``budget`` tokens each (a longer sample alone), each
+    to run as one packed row (``token_logprobs(packed=True)``): longest first, each into the first
+    micro-batch with room (first-fit decreasing), so few micro-batches and little room left over. The
+    loss is a sum over samples, so how they are grouped does not change the step."""
+    bins: list[list[TrainingSample]] = []
+    room: list[int] = []
+    for sample in sorted(samples, key=lambda s: len(s.token_ids), reverse=True):
+        size = len(sample.token_ids)
+        for i, left in enumerate(room):
+            if size <= left:
+                bins[i].append(sample)
+                room[i] -= size
+                break
+        else:
+            bins.append([sample])
+            room.append(budget - size)
+    return bins

@@ -99,13 +99,15 @@ def sequence_logprobs(
     chunk_tokens: int = 256,
     chunked: bool = True,
     fp32_grad: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """Logprob of each token given its prefix: out[:, t] = log p(ids[t+1] | ids[:t+1]), shape (B, L-1),
     float32; only where ``wanted_B_T`` (default: every real token), 0 elsewhere.
 
     Logits are divided by the sampling temperature so the ratio compares the same distribution the
     engine sampled from (the engine reports temperature-scaled logprobs). The vocabulary projection runs
-    in chunks (``bridges.models.token_logprobs``) unless ``chunked`` is false.
+    in chunks (``bridges.models.token_logprobs``) unless ``chunked`` is false; ``packed`` runs the rows as
+    one row without padding (the same logprobs, no compute on padding).
     """
     from bridges.models.token_logprobs import token_logprobs
 
@@ -115,5 +117,5 @@ def sequence_logprobs(
     wanted_B_L = torch.cat([wanted_B_T, torch.zeros_like(wanted_B_T[:, :1])], dim=1)
     logps_B_L = token_logprobs(model, input_ids_B_L, attention_mask_B_L, targets_B_L, wanted_B_L,
                                temperature=temperature, chunk_tokens=chunk_tokens, chunked=chunked,
-                               fp32_grad=fp32_grad)  # fmt: skip
+                               fp32_grad=fp32_grad, packed=packed)  # fmt: skip
     return logps_B_L[:, :-1]

@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from bridges.grpo.batching import collate, padding_sample
+from bridges.grpo.batching import collate, pack_micro_batches, padding_sample
 from bridges.grpo.checkpoint import resume_latest_intact, save_checkpoint
 from bridges.grpo.loss import LossConfig, LossOutput, policy_loss, sequence_logprobs
 from bridges.grpo.parallel import (
@@ -190,6 +190,7 @@ class StepContext:
     device: torch.device
     logprob_chunk_tokens: int = 256
     chunked_logprobs: bool = True
+    micro_batch_tokens: int = 0  # > 0: packed micro-batches of at most this many tokens (batching.pack_micro_batches)
     world: World = dataclasses.field(default_factory=World)
 
 
@@ -202,7 +203,10 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
         return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
                 "skipped_nonfinite": 0.0, "skipped_overflow": 0.0, "optimizer/stepped": 0.0, "tokens/trained": 0.0}  # fmt: skip
     ctx.policy.train()
-    chunks = [c for c in (samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)) if c]
+    if ctx.micro_batch_tokens:
+        chunks = pack_micro_batches(samples, ctx.micro_batch_tokens)
+    else:
+        chunks = [c for c in (samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)) if c]
     # [distributed] every process runs as many micro-batches as the busiest (each pass is a collective)
     chunks += [[] for _ in range(int(reduce_max(len(chunks), world, ctx.device)) - len(chunks))]
     weight = loss_weight(world, total)
@@ -246,7 +250,7 @@ def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutp
     logprobs = functools.partial(sequence_logprobs, input_ids_B_L=batch.input_ids_B_L,
                                  attention_mask_B_L=batch.attention_mask_B_L, temperature=ctx.temperature,
                                  wanted_B_T=batch.loss_mask_B_T, chunk_tokens=ctx.logprob_chunk_tokens,
-                                 chunked=ctx.chunked_logprobs)  # fmt: skip
+                                 chunked=ctx.chunked_logprobs, packed=ctx.micro_batch_tokens > 0)  # fmt: skip
     ref_logps_B_T = None
     if ctx.reference is not None:
         with torch.no_grad():
@@ -341,6 +345,7 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         temperature=config.sampling.temperature, grad_accum_steps=t.grad_accum_steps, max_grad_norm=t.max_grad_norm,
         master=master, scaler=make_scaler(where.dtype, where.device), device=where.device,
         logprob_chunk_tokens=t.logprob_chunk_tokens, chunked_logprobs=chunked, world=world,
+        micro_batch_tokens=t.micro_batch_tokens,
     )  # fmt: skip
     return ctx, tokenizer
 

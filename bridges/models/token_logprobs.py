@@ -39,23 +39,28 @@ def token_logprobs(
     chunk_tokens: int = 256,
     chunked: bool = True,
     fp32_grad: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """``out[b, t] = log p(targets[b, t] | ids[b, :t + 1])`` (logits / temperature) where ``wanted[b, t]``,
     0 elsewhere; float32, shape (B, L). ``chunked=False``: the plain full-logits computation.
     ``fp32_grad(weight)``: an fp32 buffer the head's gradient is added into instead of ``weight.grad``
-    (a half weight's master gradient, ``grpo.precision.MasterWeights.fp32_grad``)."""
-    position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
-    inputs = {"input_ids": input_ids_B_L, "attention_mask": attention_mask_B_L,
-              "position_ids": position_ids_B_L, "use_cache": False}  # fmt: skip
+    (a half weight's master gradient, ``grpo.precision.MasterWeights.fp32_grad``). ``packed``: the model
+    runs the rows' real tokens as one row without padding (``packed_inputs``); the result is the same."""
     scale = 1.0 / temperature if temperature > 0 and temperature != 1.0 else 1.0
     wanted = wanted_B_L.bool()
     out_B_L = torch.zeros(input_ids_B_L.shape, dtype=torch.float32, device=input_ids_B_L.device)
+    real_B_L = attention_mask_B_L.bool()
+    inputs = packed_inputs(input_ids_B_L, real_B_L) if packed else padded_inputs(input_ids_B_L, attention_mask_B_L)
     if not chunked:
-        logits_B_L_V = model(**inputs).logits.float() * scale
+        logits = model(**inputs).logits.float() * scale
+        logits_B_L_V = logits.new_zeros(*input_ids_B_L.shape, logits.shape[-1]).masked_scatter(
+            real_B_L[..., None], logits[0]) if packed else logits  # fmt: skip
         picked = logits_B_L_V.gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1) - logits_B_L_V.logsumexp(-1)
         return torch.where(wanted, picked, out_B_L)
-    hidden_B_L_H = final_hidden_states(model, inputs)
-    hidden_N_H, targets_N = hidden_B_L_H[wanted], targets_B_L[wanted]
+    hidden = final_hidden_states(model, inputs)
+    # the packed row holds the real tokens in row-major order, as boolean indexing reads a (B, L) tensor
+    hidden_N_H = hidden[0][wanted[real_B_L]] if packed else hidden[wanted]
+    targets_N = targets_B_L[wanted]
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.bias is None:  # the usual head: its gradient written in place
         sink = fp32_grad(head.weight) if fp32_grad is not None and head.weight.requires_grad else None
@@ -68,6 +73,22 @@ def token_logprobs(
         ]
         picked_N = torch.cat(pieces) if pieces else hidden_N_H.new_zeros(0, dtype=torch.float32)
     return out_B_L.masked_scatter(wanted, picked_N)
+
+
+def padded_inputs(input_ids_B_L: torch.Tensor, attention_mask_B_L: torch.Tensor) -> dict[str, Any]:
+    position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids_B_L, "attention_mask": attention_mask_B_L,
+            "position_ids": position_ids_B_L, "use_cache": False}  # fmt: skip
+
+
+def packed_inputs(input_ids_B_L: torch.Tensor, real_B_L: torch.Tensor) -> dict[str, Any]:
+    """The rows' real tokens as ONE row, positions restarting at each row's start, and no attention mask:
+    transformers reads the sequences' bounds from the positions (flash-attention's varlen kernels on
+    CUDA, a block-diagonal mask under sdpa and eager), so no token attends across two sequences and no
+    padding token is computed at all. Each row's real tokens must be one run (right or left padding)."""
+    lengths = real_B_L.sum(-1).tolist()
+    positions = torch.cat([torch.arange(int(n), device=input_ids_B_L.device) for n in lengths if n])
+    return {"input_ids": input_ids_B_L[real_B_L][None], "position_ids": positions[None], "use_cache": False}
 
 
 class HeadLogprobs(torch.autograd.Function):
