@@ -130,3 +130,11 @@ def test_recompute_benchmark_tables_each_setting_and_memory_falls_with_the_layer
     last = _fields(out.strip().splitlines()[-1])
     assert last["full_memory_ratio"] < last["every2_memory_ratio"] < 1.0, last
     assert all(last[f"{name}_time_ratio"] > 0 for name in ("every4", "every2", "full"))
+
+
+def test_packing_benchmark_compares_padded_and_packed_steps_on_varied_lengths():
+    out = _run(str(ROOT / "benchmarks/packing.py"), "--layers", "1", "--samples", "6", "--min-len", "8",
+               "--max-len", "64", "--repeats", "1")  # fmt: skip
+    last = _fields(out.strip().splitlines()[-1])
+    assert last["padded_tokens_per_s"] > 0 and last["packed_tokens_per_s"] > 0 and last["ratio"] > 0
+    assert 0 < last["padding_fraction"] < 1  # lengths vary: the padded micro-batches did carry padding

@@ -41,6 +41,7 @@ HONOURED_KEYS = shared_keys() - {
     "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
     "trainer.strategy", "trainer.logprob_chunk_tokens",
     "trainer.micro_batch_tokens",  # TRL packs with its own trl.padding_free (flash-attention only)
+    "trainer.kernels",  # TRL's own: trl.use_liger_kernel, or torch_compile in its TrainingArguments
 }  # fmt: skip
 
 

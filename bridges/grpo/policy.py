@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from bridges.envs.types import TrainableEngine
+from bridges.models.fused import apply_kernels
 from bridges.models.hardware import Placement, load_causal_lm
 from bridges.models.recompute import apply_recompute, recompute_stride
 from bridges.runs.engines import engine_class
@@ -39,6 +40,7 @@ def load_policy(
     policy = load_causal_lm(path, where, weights_dtype=weights_dtype)
     if not for_sampling:  # off, every decoder layer or every k-th (bridges/models/recompute.py)
         apply_recompute(policy, recompute_stride(config.trainer.gradient_checkpointing))
+        apply_kernels(policy, config.trainer.kernels)  # eager or compiled layers (bridges/models/fused.py)
     policy.config.use_cache = False  # the training forward runs over whole sequences
     lora = lora_config(config.trainer)
     if lora is not None:

@@ -48,6 +48,10 @@ class TrainerConfig:
     weight_decay: float = option(0.0, ge=0.0, help="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0.0, help="gradient clipping norm")
     grad_accum_steps: int = option(1, ge=1, help="micro-batches per optimizer step")
+    kernels: str = option(
+        "eager", choices=("eager", "compile"), help="the training forward: eager, or compile (each decoder layer "
+        "through torch.compile: fused norms, activations and rotary embedding; the first steps compile)",
+    )  # fmt: skip
     micro_batch_tokens: int = option(
         0, ge=0, help="pack each micro-batch's sequences into one row without padding, up to this many tokens "
         "(the micro-batches replace grad_accum_steps'; varlen flash-attention on CUDA, a block-diagonal mask "
