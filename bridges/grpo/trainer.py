@@ -24,8 +24,10 @@ Included
   (``tests/grpo/test_precision_and_resume.py``).
 - Memory: the sampled ids' logprobs never hold all B×T×V logits (``bridges.models.token_logprobs``: the
   vocabulary projection in chunks of ``trainer.logprob_chunk_tokens`` loss positions, recomputed in the
-  backward), ``trainer.gradient_checkpointing``, sdpa attention (flash-attention 2 on CUDA when
-  installed), AdamW one tensor at a time.
+  backward), recomputation of every or every k-th decoder layer (``trainer.gradient_checkpointing``),
+  sdpa attention (flash-attention 2 on CUDA when installed), AdamW one tensor at a time.
+- Speed: packed micro-batches without padding (``trainer.micro_batch_tokens``: one row per micro-batch,
+  positions restarting per sequence) and compiled decoder layers (``trainer.kernels=compile``).
 - Several processes (``trainer.num_processes=N``, or under torchrun / accelerate launch): each process
   rolls out and trains its share of every step's groups (a group never splits), then only gradients
   (``ddp``: one fp32 all-reduce; ``fsdp``: FSDP2's reduce-scatter) and metrics cross (``parallel.py``).
@@ -46,8 +48,8 @@ Left out, on purpose
   async generation the extra epochs buy little and need a recomputed "old" policy.
 - Entropy bonus, length penalties, dynamic sampling (DAPO's resampling of zero-variance groups):
   they are policy choices a user can add in the environment's rubric or in a fork of this file.
-- Sequence packing, tensor and pipeline parallelism, DeepSpeed: the loop stays readable; FSDP2 shards
-  what ZeRO-3 shards, and models that need more than sharding belong on verl.
+- Tensor and pipeline parallelism, DeepSpeed: the loop stays readable; FSDP2 shards what ZeRO-3
+  shards, and models that need more than sharding belong on verl.
 """
 
 from __future__ import annotations
