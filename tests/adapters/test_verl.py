@@ -130,6 +130,7 @@ def test_a_raising_environment_is_a_masked_sample_not_a_crash(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_alone")
 def test_the_same_through_agent_loop_manager_and_ray_actors(
     tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any
 ):
@@ -141,7 +142,7 @@ def test_the_same_through_agent_loop_manager_and_ray_actors(
     paths = [str(repo), str(HERE / "envs"), str(repo / "tests" / "support")]
     env_vars = {"PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
     env_vars["BRIDGES_CACHE_DIR"] = os.environ["BRIDGES_CACHE_DIR"]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
     try:
         manager = AgentLoopManager.create(
             config=cfg, llm_client=HFServerClient(str(tiny_path)), reward_loop_worker_handles=None
@@ -194,6 +195,7 @@ def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
     assert first["reward_model"]["ground_truth"] == json.loads(first["extra_info"]["bridges_row"])["answer"]
 
 
+@pytest.mark.usefixtures("ray_alone")
 async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(
     tiny_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -208,7 +210,7 @@ async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(
 
     assert replica_device(["3"]) == "cuda:3" and replica_device([]) == "cpu"
     assert replica_device(["3"], "GPU-c") == "cuda-uuid:GPU-c" and replica_device([], "GPU-c") == "cpu"
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
         worker = ray.remote(num_cpus=0, num_gpus=1)(type("Worker", (), {"ping": lambda self: 1}))
         cpu_worker = ray.remote(num_cpus=0)(type("CpuWorker", (), {"ping": lambda self: 1}))

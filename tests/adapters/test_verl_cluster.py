@@ -28,6 +28,7 @@ from process_marks import processes_marked  # noqa: E402
 from bridges.runtime.launch import free_port  # noqa: E402
 
 pytest.importorskip("verl")
+pytestmark = pytest.mark.usefixtures("ray_alone")  # every test here starts or joins a Ray cluster
 SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8",
          "progress=false", "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical  # fmt: skip
 
@@ -135,7 +136,7 @@ def test_traces_a_node_does_not_hand_over_cost_one_line_not_the_run(
 
     from bridges.adapters.verl import cluster
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         @contextlib.contextmanager
         def joined(env: dict[str, str]) -> Iterator[object]:
