@@ -16,12 +16,15 @@ sys.path.insert(0, str(Path(__file__).parent / "envs"))
 
 
 @pytest.fixture
-def ray_alone() -> Iterator[None]:
-    """One Ray cluster started by the tests at a time, across pytest workers: two starting at once on one
-    machine have failed to start a GCS (its client reached the other cluster's, which refused it)."""
+def ray_alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """One Ray cluster started by the tests at a time, across pytest workers, all with token auth off (a
+    GCS and its client in one process must agree on it: a client that read 'disabled' earlier in the
+    worker was refused by a fresh GCS in token mode)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with open(Path(tempfile.gettempdir()) / "bridges-tests-ray.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the test ends, or with the process
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+

@@ -142,7 +142,9 @@ def test_the_same_through_agent_loop_manager_and_ray_actors(
     paths = [str(repo), str(HERE / "envs"), str(repo / "tests" / "support")]
     env_vars = {"PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
     env_vars["BRIDGES_CACHE_DIR"] = os.environ["BRIDGES_CACHE_DIR"]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
+    from local_ray import start_local_ray
+
+    start_local_ray(num_cpus=2, runtime_env={"env_vars": env_vars})
     try:
         manager = AgentLoopManager.create(
             config=cfg, llm_client=HFServerClient(str(tiny_path)), reward_loop_worker_handles=None
@@ -210,7 +212,9 @@ async def test_each_hf_rollout_replica_computes_on_its_first_workers_gpu(
 
     assert replica_device(["3"]) == "cuda:3" and replica_device([]) == "cpu"
     assert replica_device(["3"], "GPU-c") == "cuda-uuid:GPU-c" and replica_device([], "GPU-c") == "cpu"
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    from local_ray import start_local_ray
+
+    start_local_ray(num_cpus=2, num_gpus=2)
     try:
         worker = ray.remote(num_cpus=0, num_gpus=1)(type("Worker", (), {"ping": lambda self: 1}))
         cpu_worker = ray.remote(num_cpus=0)(type("CpuWorker", (), {"ping": lambda self: 1}))

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from local_ray import start_local_ray  # noqa: E402
 from process_marks import processes_marked  # noqa: E402
 
 from bridges.runtime.launch import free_port  # noqa: E402
@@ -136,7 +137,7 @@ def test_traces_a_node_does_not_hand_over_cost_one_line_not_the_run(
 
     from bridges.adapters.verl import cluster
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=1)
     try:
         @contextlib.contextmanager
         def joined(env: dict[str, str]) -> Iterator[object]:

@@ -126,8 +126,9 @@ async def test_an_update_that_fails_midway_stops_generation_on_half_updated_weig
 async def test_a_ray_actor_server_reads_the_leaders_shared_memory(tiny_path: Path):
     """Across processes as in a verl run: the server is a Ray actor on this node, the driver the leader."""
     import ray
+    from local_ray import start_local_ray
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # never another test's cluster
+    start_local_ray(num_cpus=1)
     try:
         server = ray.remote(HFRolloutServer).options(num_cpus=0).remote(str(tiny_path), device="cpu")
         assert await server.node_id.remote() == ray.get_runtime_context().get_node_id()
