@@ -35,10 +35,8 @@ import hmac
 import secrets
 from typing import Any
 
-from bridges.agents.session_routes import parse_body
+from bridges.agents.session_routes import chat_reply, parse_body
 from bridges.agents.sessions import SEED_STRIDE, Session, SessionRefusal, answer_chat
-from bridges.agents.streams import chat_stream
-from bridges.client.http_bodies import response_bytes, response_json
 
 SESSION_HEADER = "X-Session-ID"  # verifiers.v1.clients.client.SESSION_ID_HEADER
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -134,10 +132,8 @@ class SessionEndpoint:
         status, error, response = await answer_chat(session, body)
         if error is not None:
             return web.json_response(error, status=status)
-        if not body.get("stream"):
-            return web.Response(body=response_bytes(response), content_type="application/json")
-        # a program harness's client streams (verifiers 0.4's): the recorded reply, cut into chunks
-        return web.Response(body=chat_stream(response_json(response), body), content_type="text/event-stream")
+        reply = chat_reply(response, body)  # a program harness's client streams (verifiers 0.4's)
+        return web.Response(body=reply.body, content_type=reply.content_type)
 
     def _session(self, episode: str, key: str, client: Any, body: dict[str, Any]) -> Session:
         """The episode's session named ``key``, opened on its first call (verifiers sends each call with

@@ -55,6 +55,11 @@ def bound_to(session: Session) -> Iterator[None]:
         _BOUND.reset(token)
 
 
+def _resolved(session_id: str) -> str:
+    """A path's session id, the bound one (``bound_to``) where the path names no session of its own."""
+    return _BOUND.get() if session_id == _BOUND_ID else session_id
+
+
 def _raw_response_types() -> tuple[type, ...]:
     """The response classes a caller may ask for raw: httpx2's (the SDK's), and httpx's where the
     caller loaded httpx (it must have, to pass its class; never imported here), as the SDK decides."""
@@ -70,7 +75,7 @@ class _SessionTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         session_id, route = _split(request.url.path)
-        session_id = _BOUND.get() if session_id == _BOUND_ID else session_id
+        session_id = _resolved(session_id)
         if request.method == "POST" and route in session_routes.ROUTES:
             reply = await session_routes.answer(self.sessions, session_id, route, await request.aread())
         elif request.method == "GET" and route == "models":
@@ -145,8 +150,7 @@ class SessionClient(openai.AsyncOpenAI):
             raw = request_bytes(body, extra.get("extra_json"))
         except (TypeError, ValueError) as exc:  # as the SDK's own encoder would refuse it, before sending
             raise TypeError(f"the request body cannot be sent as JSON: {exc}") from None
-        session_id = _BOUND.get() if self._session_id == _BOUND_ID else self._session_id
-        reply = await session_routes.answer(self._session_sessions, session_id, route, raw)
+        reply = await session_routes.answer(self._session_sessions, _resolved(self._session_id), route, raw)
         if reply.status >= 400:
             request = httpx2.Request("POST", f"{self.base_url}{route}")
             raise self._make_status_error_from_response(_response(reply, request))

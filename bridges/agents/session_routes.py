@@ -88,15 +88,21 @@ async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) ->
     status, error, response = await answer_chat(session, chat)
     if error is not None:
         return json_reply(status, anthropic_dialect.error_shape(error) if anthropic else error)
-    if dialect is None and not body.get("stream"):
-        return Reply(200, response_bytes(response))
-    payload = response_json(response)
     if dialect is None:
-        return Reply(200, chat_stream(payload, body), "text/event-stream")
+        return chat_reply(response, body)
+    payload = response_json(response)
     translated = dialect.from_chat(payload, body, session)
     if not body.get("stream"):
         return json_reply(200, translated)
     return Reply(200, sse(dialect.events(translated), named=True), "text/event-stream")
+
+
+def chat_reply(response: Any, body: dict[str, Any]) -> Reply:
+    """An answered Chat Completions call as sent: the JSON serialised once, or (``stream``) the recorded
+    reply cut into server-sent chunks. Every chat surface (sessions, the verifiers v1 endpoint) sends this."""
+    if not body.get("stream"):
+        return Reply(200, response_bytes(response))
+    return Reply(200, chat_stream(response_json(response), body), "text/event-stream")
 
 
 def models(sessions: Sessions, session_id: str) -> Reply:
