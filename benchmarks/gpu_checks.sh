@@ -18,11 +18,15 @@
 #   5. fsdp_resume: trainer.strategy=fsdp in bf16 through a save at step 2 and a resume to step 4 (one
 #      GPU: one process, so FSDP's sharding is a no-op and the bf16 checkpoint path is what runs);
 #   6. vllm_engine: the main job with engine=vllm, when vLLM imports (skipped otherwise);
+#   8. paged_engine: benchmarks/paged_engine.py at Qwen2.5-0.5B, all layers: the paged engine's generation
+#      tokens/s against the hf engine's on one burst of 128 requests of 32-256 tokens (goal ratio >= 5);
+#   9. gpu_vs_trl: benchmarks/gpu_vs_trl.py, our trainer and TRL's GRPOTrainer at Qwen2.5-0.5B and 1.5B
+#      (goals: ratio >= 1.5, MFU >= 0.40 at 1.5B);
 #   7. verl_backend / trl_backend: the main job's task on backend=verl (when verl imports) and backend=trl,
 #      a few steps each, wall time and reward beside the bundled trainer's main_job (verl without vLLM:
 #      the hf rollout, its weights synced through a CUDA IPC buffer on the worker's GPU).
-# Bounded in all to about 10.5 minutes on one H100/H200 (the defaults below sum to 630 s of timeouts;
-# CHECKS picks fewer).
+# The defaults below sum to 1,050 s of timeouts, more than one lent slice: CHECKS picks the ones a
+# slice is for, e.g. CHECKS="paged_engine gpu_vs_trl main_job" (540 s).
 set -u
 LOGS=${1:-gpu_logs}
 mkdir -p "$LOGS"
@@ -61,7 +65,7 @@ other_backend() {  # other_backend NAME STEPS: the default task on another backe
 }
 export -f fsdp_resume vllm_engine other_backend  # `timeout` runs them through bash -c
 export PY RUNS
-for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation_memory fsdp_resume vllm_engine verl_backend trl_backend}; do
+for name in ${CHECKS:-paged_engine gpu_vs_trl logprob_probe main_job gpu_smoke trainer_memory generation_memory fsdp_resume vllm_engine verl_backend trl_backend}; do
     case $name in
         logprob_probe) check logprob_probe "${PROBE_S:-40}" "$PY" benchmarks/logprob_probe.py ;;
         main_job) check main_job "${MAIN_S:-80}" "$PY" -P -m bridges.train output_dir="$RUNS" progress=false ;;
@@ -72,6 +76,9 @@ for name in ${CHECKS:-logprob_probe main_job gpu_smoke trainer_memory generation
         vllm_engine) check vllm_engine "${VLLM_S:-60}" bash -c vllm_engine ;;
         verl_backend) check verl_backend "${VERL_S:-90}" bash -c "other_backend verl 5" ;;
         trl_backend) check trl_backend "${TRL_S:-60}" bash -c "other_backend trl 20" ;;
+        paged_engine) check paged_engine "${PAGED_S:-120}" "$PY" benchmarks/paged_engine.py --layers 0 --requests 128 \
+            --min-tokens 32 --max-tokens 256 --repeats 2 ;;
+        gpu_vs_trl) check gpu_vs_trl "${VS_TRL_S:-300}" "$PY" benchmarks/gpu_vs_trl.py ;;
         *) echo "unknown check $name" ;;
     esac
     echo "--- $name"

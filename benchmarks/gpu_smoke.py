@@ -30,13 +30,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # env=smoke_env, beside this file
 
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12}
+# dense bf16 peaks from the vendor's datasheets; the first name found in the device's name wins, so the
+# H100's PCIe and NVL forms (lower clocks and power) come before the SXM form ("NVIDIA H100 80GB HBM3")
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
+                   "L40S": 362e12, "A10": 125e12, "4090": 165e12}  # fmt: skip
 
 
 def device_peak(device: torch.device) -> float | None:
+    """The card's dense bf16 peak FLOP/s (None: a CPU or a card not in the table)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    return peak_for(torch.cuda.get_device_name(device))
+
+
+def peak_for(name: str) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 

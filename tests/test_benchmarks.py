@@ -138,3 +138,40 @@ def test_packing_benchmark_compares_padded_and_packed_steps_on_varied_lengths():
     last = _fields(out.strip().splitlines()[-1])
     assert last["padded_tokens_per_s"] > 0 and last["packed_tokens_per_s"] > 0 and last["ratio"] > 0
     assert 0 < last["padding_fraction"] < 1  # lengths vary: the padded micro-batches did carry padding
+
+
+@pytest.mark.slow
+def test_gpu_vs_trl_runs_both_trainers_on_the_cpu_at_a_small_shape():
+    """benchmarks/gpu_vs_trl.py is measured on a GPU by hand; here both trainers run small so it cannot rot."""
+    out = _run(str(ROOT / "benchmarks/gpu_vs_trl.py"), "--arch", "qwen2.5-0.5b", "--layers", "1", "--batch", "2",
+               "--group", "2", "--max-tokens", "8", "--steps", "2")  # fmt: skip
+    last = out.strip().splitlines()[-1]
+    fields = _fields(last)
+    assert last.startswith("device=cpu ") and "qwen2.5-0.5b_mfu=n/a" in last  # no peak FLOP/s for a CPU
+    for key in ("ratio", "ours_samples_per_s", "trl_samples_per_s", "gen_tokens_per_s", "train_tokens_per_s"):
+        assert fields[f"qwen2.5-0.5b_{key}"] > 0, key
+    ratio = fields["qwen2.5-0.5b_ours_samples_per_s"] / fields["qwen2.5-0.5b_trl_samples_per_s"]
+    assert ratio == pytest.approx(fields["qwen2.5-0.5b_ratio"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_paged_engine_benchmark_compares_both_engines_on_one_burst():
+    out = _run(str(ROOT / "benchmarks/paged_engine.py"), "--layers", "1", "--requests", "6", "--min-tokens", "2",
+               "--max-tokens", "6", "--repeats", "1")  # fmt: skip
+    last = out.strip().splitlines()[-1]
+    fields = _fields(last)
+    assert last.startswith("device=cpu ") and fields["hf_tokens_per_s"] > 0 and fields["paged_tokens_per_s"] > 0
+    assert fields["ratio"] == pytest.approx(fields["paged_tokens_per_s"] / fields["hf_tokens_per_s"], rel=0.02)
+    same, checked = map(int, re.search(r"greedy_same=(\d+)/(\d+)", last).groups())  # type: ignore[union-attr]
+    assert checked == 6 and same >= 5  # fp32 on the CPU: the same argmax ids, bar a rare tie
+
+
+def test_mfu_names_each_h100_forms_own_peak():
+    """H100 SXM, PCIe and NVL differ in clocks and power: each reads its own datasheet peak."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_smoke import peak_for
+
+    assert peak_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_for("NVIDIA H100 PCIe") == 756e12
+    assert peak_for("NVIDIA H100 NVL") == 835e12
+    assert peak_for("NVIDIA H200") == 989e12 and peak_for("Some Other GPU") is None

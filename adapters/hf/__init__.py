@@ -1,10 +1,12 @@
 """The transformers engine: any ``AutoModelForCausalLM`` as a batched, token-level ``Engine`` (CPU or GPU).
 
 ``HFEngine`` is what the bundled trainer samples from on a machine without vLLM, and what the tests
-run every layer against with the locally built tiny model. Importing this package is cheap: torch
+run every layer against with the locally built tiny model. ``PagedEngine`` is the same engine on
+transformers' continuous batching (a paged KV cache): the default on a GPU without vLLM. Importing this package is cheap: torch
 and transformers load when an engine is created.
 """
 
 from bridges.adapters.hf.engine import EngineStats, HFEngine, InvalidRequestError
+from bridges.adapters.hf.paged_engine import PagedEngine
 
-__all__ = ["EngineStats", "HFEngine", "InvalidRequestError"]
+__all__ = ["EngineStats", "HFEngine", "InvalidRequestError", "PagedEngine"]

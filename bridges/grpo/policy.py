@@ -55,20 +55,23 @@ def load_policy(
 def make_engine(
     config: TrainConfig, where: Placement, tokenizer: Any, processes: int = 1, reserve_bytes: int = 0
 ) -> Any:
-    """The generation engine behind the client: vLLM on a GPU (one training process), the transformers
-    engine otherwise. Its weights start as the checkpoint's; the trainer pushes the policy's before the
-    first rollout. ``reserve_bytes``: what the trainer will still allocate on the GPU (vLLM's share of
-    memory leaves it out)."""
+    """The generation engine behind the client: on a GPU vLLM (one training process, where installed),
+    else transformers' continuous batching (``paged``); the hand-written batched decoder (``hf``) on the
+    CPU. Its weights start as the checkpoint's; the trainer pushes the policy's before the first
+    rollout. ``reserve_bytes``: what the trainer will still allocate on the GPU (the vLLM and paged
+    caches leave it out)."""
     choice = config.engine
     if choice == "auto":
-        choice = "vllm" if where.device.type == "cuda" and processes == 1 and _vllm_installed() else "hf"
+        on_gpu = where.device.type == "cuda"
+        choice = "vllm" if on_gpu and processes == 1 and _vllm_installed() else "paged" if on_gpu else "hf"
     if choice == "vllm":
         return engine_class("vllm").for_training(config, where, tokenizer, reserve_bytes)
     # its own copy of the weights: training changes the policy in another thread while the engine
     # samples the next batch, and a batch must never see half-updated weights
     engine_model, _ = load_policy(config, where, for_sampling=True)
-    return engine_class("hf")(engine_model, tokenizer, device=where.device,
-                              max_batch_size=max(64, config.trainer.group_size))  # fmt: skip
+    options = {"reserve_bytes": reserve_bytes} if choice == "paged" else {}
+    return engine_class(choice)(engine_model, tokenizer, device=where.device,
+                                max_batch_size=max(64, config.trainer.group_size), **options)  # fmt: skip
 
 
 def _vllm_installed() -> bool:
@@ -82,7 +85,9 @@ def trainable_names(policy: torch.nn.Module) -> set[str]:
     return {n for n, p in policy.named_parameters() if p.requires_grad}
 
 
-async def sync_weights(engine: TrainableEngine, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
+async def sync_weights(
+    engine: TrainableEngine, state: dict[str, torch.Tensor], policy: torch.nn.Module
+) -> None:
     """Push the policy's trained tensors (``state``, whole tensors by name) to the engine; its
     weight_version increments."""
     await engine.aupdate_weights(state, policy=policy)

@@ -156,7 +156,9 @@ def _check_engine_settings(config: TrainConfig) -> None:
         )
     if config.engine == "vllm" and t.inference == "engine":
         require_extra("vllm", "vllm", "engine=vllm")
-    if t.rollout_process and (config.engine == "vllm" or (config.engine == "auto" and torch.cuda.is_available())):
+    if t.rollout_process and (
+        config.engine in ("vllm", "paged") or (config.engine == "auto" and torch.cuda.is_available())
+    ):
         raise ConfigError(
             "trainer.rollout_process=true runs the hf engine in a child process; set engine=hf."
         )
@@ -192,7 +194,9 @@ class StepContext:
     device: torch.device
     logprob_chunk_tokens: int = 256
     chunked_logprobs: bool = True
-    micro_batch_tokens: int = 0  # > 0: packed micro-batches of at most this many tokens (batching.pack_micro_batches)
+    micro_batch_tokens: int = (
+        0  # > 0: packed micro-batches of at most this many tokens (batching.pack_micro_batches)
+    )
     world: World = dataclasses.field(default_factory=World)
 
 
@@ -224,7 +228,9 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     sum_gradients(ctx.master.params, world)  # [distributed] ddp: one fp32 all-reduce of the gradients
     ctx.scaler.unscale_(ctx.master.params)
     grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(ctx.master.params, ctx.max_grad_norm))
-    loss, tokens, clipped, ratio_sum, kl_sum, trained = reduce_sum(sums, world, ctx.device)  # [distributed] metrics
+    loss, tokens, clipped, ratio_sum, kl_sum, trained = reduce_sum(
+        sums, world, ctx.device
+    )  # [distributed] metrics
     # One non-finite step would turn every weight into NaN for good: skip it (the loop stops the run
     # after MAX_NONFINITE_STEPS in a row, which means something upstream is broken). In fp16 an
     # overflowing gradient is the loss scale's to handle: the scaler halves it, the step is skipped.
@@ -329,8 +335,10 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
     policy, tokenizer = load_policy(config, where, weights_dtype=torch.float32 if world.sharded else None)
     chunked = chunked_matches_plain(policy, len(tokenizer))
     if not chunked and world.is_main:
-        print("note: this model's forward does more to its logits than a linear head (a soft cap, a scale), "
-              "so logprobs are computed from its full logits, which needs more memory per batch.")
+        print(
+            "note: this model's forward does more to its logits than a linear head (a soft cap, a scale), "
+            "so logprobs are computed from its full logits, which needs more memory per batch."
+        )
     policy = shard(policy, world, where.dtype)  # [distributed] fsdp: parameters sharded across processes
     master = MasterWeights(policy)
     optimizer = make_optimizer(master.params, config.resolved_learning_rate, t.weight_decay)
@@ -382,7 +390,9 @@ async def _rollouts(run: _Prepared) -> Rollouts:
         from bridges.grpo.rollout_process import ProcessRollouts
 
         return ProcessRollouts(config, run.where)
-    optimizer_state_bytes = 8 * sum(p.numel() for p in run.ctx.master.params)  # AdamW's moments, made at step 1
+    optimizer_state_bytes = 8 * sum(
+        p.numel() for p in run.ctx.master.params
+    )  # AdamW's moments, made at step 1
     engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size, optimizer_state_bytes)
     sleeps = bool(config.vllm.get("enable_sleep_mode"))  # validate(): only with engine=vllm, nothing ahead
     return InProcessRollouts(engine, run.env, config.trainer.group_size, config.model,
@@ -406,20 +416,30 @@ class _Learner:
         self, rows: list[dict[str, Any]], sampling_args: dict[str, Any]
     ) -> asyncio.Future[list[Group]]:
         world = self.run.ctx.world
-        return self.rollouts.start(rows[world.rank :: world.size], sampling_args)  # [distributed] whole groups
+        return self.rollouts.start(
+            rows[world.rank :: world.size], sampling_args
+        )  # [distributed] whole groups
 
     async def push_weights(self) -> None:
         """The policy's trained tensors to the engine (whole tensors: gathered under fsdp)."""
         policy = self.run.ctx.policy
-        state = await asyncio.to_thread(bound(self.run.where.device, full_state_dict), policy, trainable_names(policy))
+        state = await asyncio.to_thread(
+            bound(self.run.where.device, full_state_dict), policy, trainable_names(policy)
+        )
         await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
         await self.rollouts.offload()  # vllm.enable_sleep_mode: the engine's memory is the step's
-        result: dict[str, Any] = await asyncio.to_thread(bound(self.run.where.device, train_step), self.run.ctx, samples)
+        result: dict[str, Any] = await asyncio.to_thread(
+            bound(self.run.where.device, train_step), self.run.ctx, samples
+        )
         if result.get("optimizer/stepped"):
             await self.push_weights()
-        return {**result, "lr": self.run.ctx.scheduler.get_last_lr()[0], **memory_metrics(self.run.where.device)}
+        return {
+            **result,
+            "lr": self.run.ctx.scheduler.get_last_lr()[0],
+            **memory_metrics(self.run.where.device),
+        }
 
     async def save(self, position: RunPosition) -> None:
         run, ctx = self.run, self.run.ctx
@@ -438,7 +458,9 @@ async def _train(config: TrainConfig) -> int:
                    rows_together=run.env.rows_together)  # fmt: skip
     finished = False
     try:
-        await learner.push_weights()  # the engine samples the policy (a resumed one too) from the first rollout
+        await (
+            learner.push_weights()
+        )  # the engine samples the policy (a resumed one too) from the first rollout
         await run_training(config, spec, learner, run.start)
         finished = True
     finally:

@@ -2,7 +2,7 @@
 
 Names map to dotted paths, so no engine library is imported until that engine is chosen; a missing
 extra is one sentence. Every engine class satisfies ``bridges.envs.types.Engine`` and offers
-``from_pretrained(model, **options)``; the trainable ones (hf, vllm) also ``bridges.envs.types.TrainableEngine``.
+``from_pretrained(model, **options)``; the trainable ones (hf, paged, vllm) also ``bridges.envs.types.TrainableEngine``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from bridges.runtime.errors import ConfigError, MissingExtraError
 
 ENGINES: dict[str, tuple[str, str]] = {  # name -> (dotted path, the extra that installs it)
     "hf": ("bridges.adapters.hf:HFEngine", "base"),
+    "paged": ("bridges.adapters.hf:PagedEngine", "base"),
     "vllm": ("bridges.adapters.vllm:VLLMEngine", "vllm"),
 }
 

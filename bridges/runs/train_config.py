@@ -19,7 +19,7 @@ from bridges.runs.config import option
 LOSS_TYPES = ("grpo", "dr_grpo")
 STRATEGIES = ("ddp", "fsdp")
 TINY_LR, FULL_LR, LORA_LR = 1.5e-3, 1e-6, 1e-5  # learning-rate defaults (see TrainerConfig.learning_rate)
-ENGINES = ("auto", "hf", "vllm")  # auto, or a name in bridges.runs.engines.ENGINES
+ENGINES = ("auto", "hf", "paged", "vllm")  # auto, or a name in bridges.runs.engines.ENGINES
 
 
 @dataclass
@@ -105,7 +105,9 @@ class TrainerConfig:
         "decoder layer) or every:K (every K-th layer); true/false mean full/off (benchmarks/recompute.py)",
     )  # fmt: skip
     logprob_chunk_tokens: int = option(
-        256, ge=1, help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)"
+        256,
+        ge=1,
+        help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)",
     )
     num_processes: int = option(
         1, ge=1, help="training processes (one per GPU); >1 starts them, each rolling out and training its share "
@@ -225,7 +227,11 @@ class TrainConfig:
         factory=dict, help="keyword arguments of the environment's load_environment"
     )
     model: str = option("tiny", help="'tiny' (built locally), a local checkpoint folder or a hub id")
-    engine: str = option("auto", choices=ENGINES, help="auto: vllm when a GPU and vllm are present, else hf")
+    engine: str = option(
+        "auto",
+        choices=ENGINES,
+        help="auto: on a GPU vllm where installed, else paged (transformers' continuous batching); hf on the CPU",
+    )
     run_name: str | None = option(None, help="the run's folder under output_dir; default <backend>-<env>")
     output_dir: str = option("runs", help="where run folders are written")
     seed: int = option(0, ge=0, help="seed of data order, sampling and initialisation")

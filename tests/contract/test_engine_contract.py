@@ -1,6 +1,6 @@
 """The engine contract: every engine passes the same checks at the token seam.
 
-hf (transformers), vLLM (``VLLMEngine`` with its real request and output conversion, over a stand-in
+hf (transformers), paged (transformers' continuous batching), vLLM (``VLLMEngine`` with its real request and output conversion, over a stand-in
 for the GPU-only ``AsyncLLM``: ``tests/support/vllm_standin.py``), verl's server seam
 (``VerlServerEngine`` over our ``hf`` rollout server), Tinker (``TinkerEngine`` over the local
 Tinker-compatible server, through the real SDK) and the fault-injecting test engine with no fault
@@ -22,7 +22,7 @@ import pytest
 
 from bridges.envs.types import Engine, SamplingParams
 
-KINDS = ["hf", "vllm", "verl", "tinker", "faulty"]
+KINDS = ["hf", "paged", "vllm", "verl", "tinker", "faulty"]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ async def engine(
     from bridges.runs.engines import load_engine
 
     kind = request.param
-    if kind == "hf":
-        built = load_engine("hf", str(tiny_path))
+    if kind in ("hf", "paged"):
+        built = load_engine(kind, str(tiny_path))
     elif kind == "vllm":
         built = vllm_engine(tiny_path, monkeypatch)
     elif kind == "faulty":
@@ -162,7 +162,7 @@ async def test_greedy_sampling_is_repeatable(engine: Any, tiny_path: Path, tiny_
     assert first[0].token_ids == again[0].token_ids
 
 
-@pytest.mark.parametrize("kind", ["hf", "vllm", "faulty"])
+@pytest.mark.parametrize("kind", ["hf", "paged", "vllm", "faulty"])
 async def test_trainable_engines_take_new_weights_and_bump_their_version(
     kind: str, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -171,7 +171,11 @@ async def test_trainable_engines_take_new_weights_and_bump_their_version(
     from bridges.envs.types import TrainableEngine
     from bridges.runs.engines import load_engine
 
-    engine = vllm_engine(tiny_path, monkeypatch) if kind == "vllm" else load_engine("hf", str(tiny_path))
+    engine = (
+        vllm_engine(tiny_path, monkeypatch)
+        if kind == "vllm"
+        else load_engine(kind.replace("faulty", "hf"), str(tiny_path))
+    )
     if kind == "faulty":
         from faulty_engine import FaultyEngine
 
@@ -179,6 +183,7 @@ async def test_trainable_engines_take_new_weights_and_bump_their_version(
     assert isinstance(engine, TrainableEngine)
     model = {
         "hf": lambda: engine.model,
+        "paged": lambda: engine.model,
         "faulty": lambda: engine.inner.model,
         "vllm": lambda: engine.llm.hf.model,
     }[kind]()
