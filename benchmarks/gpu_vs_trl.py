@@ -49,6 +49,7 @@ def peak_gb(device: torch.device) -> float:
 
 
 def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> dict[str, float]:
+    """``out``: this architecture's own folder (one run folder per run)."""
     from bridges.train import main as train
 
     code = train([f"model={model}", "env=smoke_env", f"output_dir={out}", "run_name=ours", "progress=false",
@@ -59,7 +60,9 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> di
     assert code == 0, "our run failed"
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     timed = rows[1:] or rows
-    gen_tokens = sum(r["tokens/completion_mean"] * (r["episodes/total"] - r["episodes/masked"]) for r in timed)
+    gen_tokens = sum(
+        r["tokens/completion_mean"] * (r["episodes/total"] - r["episodes/masked"]) for r in timed
+    )
     train_tokens = sum(r["tokens/trained"] for r in timed)
     train_s = sum(r["timing/train_s"] for r in timed)
     return {"samples_per_s": args.batch * args.group / statistics.mean(r["timing/step_s"] for r in timed),
@@ -68,12 +71,13 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> di
             "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed))}  # fmt: skip
 
 
-def run_trl(model: Path, out: Path, args: argparse.Namespace, dtype: str, device: torch.device) -> dict[str, float]:
+def run_trl(
+    model: Path, out: Path, args: argparse.Namespace, dtype: str, device: torch.device
+) -> dict[str, float]:
+    import smoke_env
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    import smoke_env
 
     env = smoke_env.load_environment()
     data = Dataset.from_list([{"prompt": dict(r)["prompt"]} for r in env.get_dataset()])
@@ -101,7 +105,9 @@ def run_trl(model: Path, out: Path, args: argparse.Namespace, dtype: str, device
     )  # fmt: skip
     step_ends.append(time.perf_counter())
     trainer.train()
-    gaps = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)][1:] or [step_ends[-1] - step_ends[0]]
+    gaps = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)][1:] or [
+        step_ends[-1] - step_ends[0]
+    ]
     return {"samples_per_s": args.batch * args.group / statistics.mean(gaps)}
 
 
@@ -114,14 +120,18 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace, device: torch.de
     dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ours = run_ours(model, folder / "runs", args, dtype)
+    ours = run_ours(model, folder / "runs" / arch, args, dtype)
     ours_peak = peak_gb(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     trl = run_trl(model, folder / "trl", args, dtype, device)
     peak = device_peak(device)
-    achieved = flops_per_token(AutoConfig.from_pretrained(model), ours["context"]) * ours["train_tokens"] / max(ours["train_s"], 1e-9)
+    achieved = (
+        flops_per_token(AutoConfig.from_pretrained(model), ours["context"])
+        * ours["train_tokens"]
+        / max(ours["train_s"], 1e-9)
+    )
     return {"ratio": f"{ours['samples_per_s'] / trl['samples_per_s']:.2f}",
             "ours_samples_per_s": f"{ours['samples_per_s']:.2f}", "trl_samples_per_s": f"{trl['samples_per_s']:.2f}",
             "gen_tokens_per_s": f"{ours['gen_tokens_per_s']:.1f}", "train_tokens_per_s": f"{ours['train_tokens_per_s']:.1f}",

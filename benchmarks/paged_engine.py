@@ -37,7 +37,9 @@ def requests(tokenizer: Any, count: int, low: int, high: int) -> list[tuple[list
     return prompts
 
 
-async def burst(engine: Any, work: list[tuple[list[int], int]], temperature: float) -> tuple[int, float, list[Any]]:
+async def burst(
+    engine: Any, work: list[tuple[list[int], int]], temperature: float
+) -> tuple[int, float, list[Any]]:
     from bridges.envs.types import SamplingParams
 
     started = time.perf_counter()
@@ -49,7 +51,9 @@ async def burst(engine: Any, work: list[tuple[list[int], int]], temperature: flo
     return sum(len(s.token_ids) for (s,) in results), seconds, [s for (s,) in results]
 
 
-def build(kind: str, path: str, device: str, dtype: str, cache_tokens: int) -> Any:
+def build(
+    kind: str, path: str, device: str, dtype: str, cache_tokens: int, graphs: bool | None = None
+) -> Any:
     from bridges.adapters.hf import HFEngine, PagedEngine
     from bridges.models.hardware import load_causal_lm, placement
 
@@ -60,7 +64,7 @@ def build(kind: str, path: str, device: str, dtype: str, cache_tokens: int) -> A
     tokenizer = AutoTokenizer.from_pretrained(path)
     if kind == "hf":
         return HFEngine(model, tokenizer, device=where.device, max_batch_size=1024)
-    return PagedEngine(model, tokenizer, device=where.device, cache_tokens=cache_tokens)
+    return PagedEngine(model, tokenizer, device=where.device, cache_tokens=cache_tokens, cuda_graphs=graphs)
 
 
 def main() -> None:
@@ -73,6 +77,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA, fp32 on a CPU")
+    parser.add_argument(
+        "--graphs", action="store_true", help="also the paged engine with CUDA graphs forced on"
+    )
     args = parser.parse_args()
     import torch
 
@@ -85,16 +92,25 @@ def main() -> None:
         cache = sum(len(ids) + cap for ids, cap in work) + 1024
         paged = build("paged", path, args.device, args.dtype, cache)
         engines = {"hf": hf, "paged": paged}
+        if args.graphs:
+            engines["paged_graphs"] = build("paged", path, args.device, args.dtype, cache, graphs=True)
         greedy = {k: asyncio.run(burst(e, work[:8], 0.0))[2] for k, e in engines.items()}
         same = sum(a.token_ids == b.token_ids for a, b in zip(greedy["hf"], greedy["paged"], strict=True))
         checked = len(greedy["hf"])
-        rates: dict[str, list[float]] = {"hf": [], "paged": []}
+        rates: dict[str, list[float]] = {kind: [] for kind in engines}
         for round_ in range(args.repeats + 1):
             for kind, engine in engines.items():
-                tokens, seconds, _ = asyncio.run(burst(engine, work, 1.0))
+                try:
+                    tokens, seconds, _ = asyncio.run(burst(engine, work, 1.0))
+                except Exception as exc:  # a variant that cannot run here (CUDA graphs over sdpa) is reported
+                    print(f"round {round_} {kind}: failed: {type(exc).__name__}: {exc}"[:400], flush=True)
+                    continue
                 if round_:  # the first round of each warms up (allocator, kernels, the paged cache)
                     rates[kind].append(tokens / seconds)
-                    print(f"round {round_} {kind}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f}/s", flush=True)
+                    print(
+                        f"round {round_} {kind}: {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f}/s",
+                        flush=True,
+                    )
         for engine in engines.values():
             engine.close()
     device = hf.device
@@ -102,7 +118,9 @@ def main() -> None:
     ratios = [p / h for p, h in zip(rates["paged"], rates["hf"], strict=True)]
     print(f"device={name.replace(' ', '_')} hf_tokens_per_s={statistics.median(rates['hf']):.1f} "
           f"paged_tokens_per_s={statistics.median(rates['paged']):.1f} ratio={statistics.median(ratios):.2f} "
-          f"ratios={','.join(f'{r:.2f}' for r in ratios)} greedy_same={same}/{checked}")  # fmt: skip
+          f"ratios={','.join(f'{r:.2f}' for r in ratios)} greedy_same={same}/{checked}"
+          + (f" graphs_ratio={statistics.median(rates['paged_graphs']) / statistics.median(rates['hf']):.2f}"
+             if rates.get("paged_graphs") else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ class HFEngine:
         self._closed = False
 
     @classmethod
-    def from_pretrained(cls, model: str, *, dtype: str = "auto", device: str | Any = "auto", **kw: Any) -> HFEngine:
+    def from_pretrained(
+        cls, model: str, *, dtype: str = "auto", device: str | Any = "auto", **kw: Any
+    ) -> HFEngine:
         """Load ``model`` ("tiny", a local folder or a hub id) through ``bridges.models.hardware.load_causal_lm``:
         ``device``/``dtype`` as every command takes them (``auto``: CUDA in bf16 where available, else the
         CPU in fp32)."""

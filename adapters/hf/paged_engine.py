@@ -87,6 +87,7 @@ class PagedEngine(HFEngine):
         cache_tokens: int | None = None,
         block_size: int | None = None,
         reserve_bytes: int = 0,
+        cuda_graphs: bool | None = None,
     ) -> None:
         super().__init__(model, tokenizer, max_batch_size=max_batch_size, device=device,
                          max_model_len=max_model_len, name=name)  # fmt: skip
@@ -95,6 +96,7 @@ class PagedEngine(HFEngine):
         self.cache_tokens = cache_tokens
         self.block_size = block_size
         self.reserve_bytes = reserve_bytes  # what the trainer will still allocate on this GPU
+        self.cuda_graphs = cuda_graphs  # None: transformers decides (off with sdpa, which needs a mask)
         self._manager: Any = None
         self._collector: threading.Thread | None = None
         self._warpers: WarperSet | None = None
