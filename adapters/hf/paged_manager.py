@@ -57,14 +57,23 @@ def _cache_config(engine: Any) -> Any:
         block = engine.block_size or 32
         tokens = engine.cache_tokens or 32_768
         options.update(
-            block_size=block, num_blocks=math.ceil(tokens / block), max_batch_tokens=min(tokens, 4096)
+            block_size=block,
+            num_blocks=blocks_for(tokens, block, engine.max_batch_size),
+            max_batch_tokens=min(tokens, 4096),
         )
     elif engine.cache_tokens is not None:
         block = engine.block_size or 256
-        options.update(num_blocks=math.ceil(engine.cache_tokens / block))
+        options.update(num_blocks=blocks_for(engine.cache_tokens, block, engine.max_batch_size))
     elif engine.device.type == "cuda":
         options["max_memory_percent"] = cache_share(engine.device, engine.reserve_bytes)
     return ContinuousBatchingConfig(**options)
+
+
+def blocks_for(tokens: int, block: int, rows: int) -> int:
+    """Blocks that hold ``tokens`` when up to ``rows`` rows each leave their last block part-filled.
+    Without the extra block per row, a cache sized to a burst's tokens holds fewer blocks than the burst
+    has rows (64 rows of ~100 tokens in 256-token blocks: 25 blocks), and the rows run a few at a time."""
+    return math.ceil(tokens / block) + rows
 
 
 def cache_share(device: Any, reserve_bytes: int) -> float:

@@ -193,3 +193,10 @@ def test_a_non_positive_cache_is_refused(tiny_path, tiny_tokenizer):
 
     with pytest.raises(InvalidRequestError, match="cache_tokens"):
         PagedEngine(private_model(tiny_path), tiny_tokenizer, cache_tokens=0)
+
+
+def test_a_cache_in_tokens_leaves_each_row_a_part_filled_block():
+    from bridges.adapters.hf.paged_manager import blocks_for
+
+    assert blocks_for(6_400, 256, 64) == 25 + 64  # 64 rows of ~100 tokens need 64 blocks, not 25
+    assert blocks_for(1, 32, 1) == 2
