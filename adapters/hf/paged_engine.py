@@ -39,6 +39,7 @@ from typing import Any
 
 from bridges.adapters.hf.engine import HFEngine, InvalidRequestError
 from bridges.envs.types import Sample, SamplingParams
+from bridges.models.hardware import bound
 from bridges.runtime.errors import EngineError
 
 CPU_CACHE_TOKENS = 32_768  # the KV cache on the CPU, in tokens (transformers would size it from free RAM)
@@ -121,7 +122,7 @@ class PagedEngine(HFEngine):
         loop = asyncio.get_running_loop()
         group = _Group(loop, loop.create_future(), rows, results=[None] * n, remaining=n)
         self.stats.requests += 1
-        await asyncio.to_thread(self._submit, group, params)
+        await asyncio.to_thread(bound(self.device, self._submit), group, params)
         try:
             return await group.future
         except asyncio.CancelledError:
@@ -293,7 +294,7 @@ class PagedEngine(HFEngine):
             self._stop_manager(hard=True)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+        await asyncio.to_thread(bound(self.device, self.close))
         await super().aclose()
 
     def __repr__(self) -> str:

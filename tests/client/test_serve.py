@@ -127,7 +127,7 @@ def test_non_loopback_without_api_key_is_refused():
     check_bind("localhost", None)
     from bridges.runs.config import parse_config
 
-    with pytest.raises(ConfigError, match="engine must be one of hf, vllm; got 'mlx'"):
+    with pytest.raises(ConfigError, match="engine must be one of hf, paged, vllm; got 'mlx'"):
         parse_config(ServeConfig, ["engine=mlx"])
 
 

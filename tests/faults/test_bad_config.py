@@ -46,7 +46,7 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["sampling.max_tokens=0"], "sampling.max_tokens must be at least 1, got 0."),
     (["save_every=-3"], "save_every must be at least 0, got -3."),
     (["trainer.max_concurrent=0"], "trainer.max_concurrent must be at least 1, got 0."),
-    (["engine=bogus"], "engine must be one of auto, hf, vllm; got 'bogus'."),
+    (["engine=bogus"], "engine must be one of auto, hf, paged, vllm; got 'bogus'."),
     (["report_to=bogus"], "report_to must be one of none, wandb; got 'bogus'."),
     (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
     (
