@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridges.runtime import old_paths
 from bridges.runtime.lazy import lazy_exports
 
 __version__ = "0.1.0"
-old_paths.install()  # bridges.rubric and the other pre-folder paths still import (CHANGELOG.md)
 
 _EXPORTS: dict[str, str] = {
     # typed records and errors
