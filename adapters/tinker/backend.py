@@ -90,6 +90,8 @@ def validate(config: TrainConfig, options: TinkerOptions) -> None:
     """backend=tinker's checks before a server starts or a client connects."""
     from bridges.runs.preflight import check_model
 
+    require_extra("tinker", "tinker", "backend=tinker")  # a dry run says so too, not only a real run
+
     default_cap = type(config.trainer)().ratio_cap
     if options.loss_fn != "cispo" and config.trainer.ratio_cap != default_cap:
         raise ConfigError(

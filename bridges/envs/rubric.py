@@ -26,6 +26,9 @@ from bridges.runtime.usercode import CallCost, UserCodeTimeout, call_user
 F = TypeVar("F", bound=Callable[..., Any])
 
 GROUP_PARAMS = frozenset({"prompts", "completions", "answers", "states", "tasks", "infos", "example_ids"})
+# what every rollout offers a reward function by name (beside the dataset row's columns and the
+# rubric's class objects); one place, read by the calls below and by ``check_parameters``
+ROLLOUT_PARAMS = frozenset({"prompt", "completion", "answer", "state", "info", "task", "example_id"})
 _WEIGHT_ATTR = "__bridges_reward_weight__"
 
 
@@ -142,6 +145,22 @@ class Rubric:
 
     def get_reward_funcs(self) -> list[Callable[..., Any]]:
         return list(self.funcs)
+
+    def check_parameters(self, columns: Sequence[str]) -> None:
+        """Every parameter a reward function needs (no default) is one a call can pass: a rollout's
+        inputs and ``columns`` (the dataset's), or a group's lists. A misnamed one would otherwise
+        fail every rollout's scoring at run time, after a dry run passed."""
+        for func in self.funcs:
+            info = self._info[id(func)]
+            offered = (GROUP_PARAMS if info.is_group else ROLLOUT_PARAMS | set(columns)) | set(self.class_objects)
+            params = inspect.signature(func).parameters.values()
+            needed = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            unknown = [name for name in needed if name not in offered]
+            if unknown:
+                raise ConfigError(
+                    f"reward function '{info.name}' asks for {', '.join(repr(n) for n in unknown)}, which no "
+                    f"{'group' if info.is_group else 'rollout'} provides; it can ask for {', '.join(sorted(offered))}."
+                )
 
     def get_reward_func_names(self) -> list[str]:
         return [self._info[id(f)].name for f in self.funcs]

@@ -354,9 +354,23 @@ def to_yaml(config: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
+def working_folder_importable() -> None:
+    """Put the working folder first on ``sys.path``, as ``python -m`` does, so a console script
+    (``bridges-train env=my_env``) finds ``./my_env.py`` exactly as ``python -m bridges.train`` does;
+    not under ``python -P`` / ``PYTHONSAFEPATH``, which asked for the opposite."""
+    import os
+
+    if sys.flags.safe_path:
+        return
+    here = os.getcwd()
+    if not any(entry in ("", here) for entry in sys.path):
+        sys.path.insert(0, here)
+
+
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> None:
     """Run a CLI entry point: a ``BridgesError`` prints its one sentence (no traceback) and exits 2."""
     args = list(sys.argv[1:] if argv is None else argv)
+    working_folder_importable()
     try:
         code = main(args)
     except HelpRequested as shown:

@@ -20,6 +20,7 @@ from bridges.runtime.asyncutils import describe_exception
 from bridges.runtime.errors import BridgesError, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+HUB_TIMEOUT_S = 10.0  # one metadata request: a reachable Hub answers well within it
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # what makes a folder a run: a run started into it would truncate or append to these
 RUN_FILES = ("metrics.jsonl", "traces.jsonl", "checkpoints", "checkpoints.jsonl")
@@ -54,6 +55,10 @@ def check_dataset(env: Any, split: str, env_id: str) -> None:
     if len(dataset) == 0:
         raise ConfigError(f"environment '{env_id}' has an empty {split} dataset; check its env_args.")
     check_prompts(dataset, f"the {split} dataset of environment '{env_id}'")
+    from bridges.envs.rubric import Rubric
+
+    if isinstance(env.rubric, Rubric):  # a verifiers environment's rubric is verifiers' own, called its way
+        env.rubric.check_parameters(list(dataset.column_names))
 
 
 def check_model(model: str) -> None:
@@ -69,14 +74,42 @@ def check_model(model: str) -> None:
         return
     if model.startswith((".", "/", "~")) or ".." in model or not _HUB_ID.fullmatch(model):
         raise ConfigError(f"model '{model}' does not exist: it is not 'tiny', a local folder or a hub id.")
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
-        if not isinstance(try_to_load_from_cache(model, "config.json"), str):
-            raise ConfigError(
-                f"model '{model}' is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE "
-                "is set; pass a local checkpoint folder."
-            )
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ConfigError(
+            f"model '{model}' is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE "
+            "is set; pass a local checkpoint folder."
+        )
+    _check_on_hub(model)
+
+
+def _check_on_hub(model: str) -> None:
+    """A hub id that is not cached must be reachable and exist, asked once here, so a dry run and a real
+    run stop on the same sentence (a real run used to die in ``from_pretrained`` with a traceback)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(model, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise ConfigError(
+            f"model '{model}' is gated on the Hugging Face Hub; accept its terms there and set HF_TOKEN, "
+            "or pass a local checkpoint folder."
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"model '{model}' is not on the Hugging Face Hub (or is private: set HF_TOKEN); check the id "
+            "or pass a local checkpoint folder."
+        ) from None
+    except Exception as exc:  # no network, DNS, a proxy, a timeout
+        raise ConfigError(
+            f"model '{model}' is not in the Hugging Face cache and the Hub cannot be reached "
+            f"({describe_exception(exc)[:160]}); pass a local checkpoint folder, or download it where the Hub is "
+            "reachable and set HF_HUB_OFFLINE=1."
+        ) from None
 
 
 def check_lora_targets(model: str, targets: list[str]) -> None:

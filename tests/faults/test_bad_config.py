@@ -7,12 +7,30 @@ and an output folder holding a full fine-tuning run with an intact checkpoint.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridges.runs.config import run_cli
+
+HUB_ID = "Qwen/Qwen2.5-0.5B-Instruct"  # not cached here; the Hub is made unreachable (hub_unreachable)
+MISNAMED_REWARD = """
+import bridges as br
+from bridges.environments import repeat_letter
+
+
+def correct(response, answer):  # a rollout offers 'completion', not 'response'
+    return float(response == answer)
+
+
+def load_environment(**kwargs):
+    env = repeat_letter.load_environment(**kwargs)
+    env.rubric = br.Rubric(funcs=[correct])
+    return env
+"""
 
 TRAIN = [  # (argv, a piece of the sentence)
     (["trainer.group_size=0"], "trainer.group_size must be at least 2, got 0."),
@@ -47,6 +65,10 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["save_every=-3"], "save_every must be at least 0, got -3."),
     (["trainer.max_concurrent=0"], "trainer.max_concurrent must be at least 1, got 0."),
     (["engine=bogus"], "engine must be one of auto, hf, paged, vllm; got 'bogus'."),
+    # what a real run used to die on after a dry run passed: the same sentence in both modes now
+    *[([*extra, f"model={HUB_ID}"], f"model '{HUB_ID}' is not in the Hugging Face cache and the Hub cannot be reached")
+      for extra in ([], ["backend=verl"], ["backend=trl"], ["trainer.lora_rank=4"])],
+    (["env=misnamed_reward"], "reward function 'correct' asks for 'response', which no rollout provides"),
     (["report_to=bogus"], "report_to must be one of none, wandb; got 'bogus'."),
     (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
     (
@@ -120,8 +142,18 @@ def paths(tmp_path: Path) -> dict[str, str]:
     (checkpoint / "model" / "model.safetensors").write_bytes(b"weights")
     write_manifest(checkpoint)
     (tmp_path / "fullrun" / "run" / "metrics.jsonl").write_text("")
+    (tmp_path / "misnamed_reward.py").write_text(MISNAMED_REWARD)  # found in the working folder
     return {"tmp": str(tmp_path), "file": str(file), "malformed": str(malformed), "listed": str(listed),
             "fullrun": str(tmp_path / "fullrun")}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def hub_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub at a closed local port: the "cannot be reached" sentence whatever this machine's network."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
 
 @pytest.fixture
@@ -198,3 +230,32 @@ def test_lora_targets_and_path_like_env_ids_are_refused_before_weights_load(
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     code, err = run("bridges.train", argv, paths, capsys)
     assert code == 2 and piece in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_missing_backend_sdk_is_one_sentence_in_both_modes(
+    dry_run: bool, paths: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "tinker", None)  # import tinker raises ImportError
+    monkeypatch.setenv("TINKER_API_KEY", "unused")
+    code, err = run("bridges.train", ["backend=tinker", f"dry_run={str(dry_run).lower()}"], paths, capsys)
+    assert code == 2 and err == (
+        "error: 'tinker' is needed for backend=tinker but is not installed; install it with "
+        "pip install 'rl-bridges[tinker]'."
+    ), err
+
+
+def test_the_console_script_finds_an_environment_in_the_working_folder_as_python_m_does(tmp_path: Path):
+    """``bridges-train env=my_env`` and ``python -m bridges.train env=my_env`` resolve ``./my_env.py`` alike."""
+    (tmp_path / "my_env.py").write_text(
+        "from bridges.environments import repeat_letter\n\n"
+        "def load_environment(**kwargs):\n    return repeat_letter.load_environment(**kwargs)\n"
+    )
+    script = Path(sys.executable).parent / "bridges-train"
+    args = ["env=my_env", "dry_run=true", "trainer.max_steps=1"]
+    outs = []
+    for command in ([str(script), *args], [sys.executable, "-m", "bridges.train", *args]):
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-1500:]
+        outs.append(done.stdout)
+    assert "env: my_env" in outs[0] and outs[0] == outs[1]
