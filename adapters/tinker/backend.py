@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridges.runs.backends import Backend, typed_options
+from bridges.runs.backends import Backend, typed_options, typed_section_help
 from bridges.runs.config import option
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.runtime.errors import ConfigError, require_extra
@@ -113,6 +113,26 @@ def validate(config: TrainConfig, options: TinkerOptions) -> None:
         check_model(config.model)  # a remote service names its own models
 
 
+DEFAULT_RANK = 32  # Tinker's own default LoRA rank
+
+
+def adapter_rank(config: TrainConfig) -> tuple[int, str]:
+    """The LoRA rank Tinker trains and the line that says where it came from: Tinker trains adapters
+    only, so ``trainer.lora_rank=0`` (full fine-tuning elsewhere) takes Tinker's default, said aloud."""
+    rank = config.trainer.lora_rank
+    if rank > 0:
+        return rank, f"Tinker trains a LoRA adapter of rank {rank} (trainer.lora_rank)."
+    return DEFAULT_RANK, (
+        f"Tinker trains LoRA adapters only: trainer.lora_rank=0 (full fine-tuning) is not offered, so the "
+        f"adapter takes Tinker's default rank {DEFAULT_RANK}; set trainer.lora_rank=N for another."
+    )
+
+
+def describe(config: TrainConfig, options: TinkerOptions) -> str:
+    """What ``dry_run=true`` adds: the adapter's rank and where it comes from."""
+    return adapter_rank(config)[1] + "\n"
+
+
 class Checkpoints:
     """``checkpoints.jsonl`` in the run folder: one line per ``save_state`` (step, data position, path)."""
 
@@ -158,8 +178,10 @@ async def _open_training(
     if config.resume and resume is None:
         print(f"resume=true but {checkpoints.path} lists no checkpoint; starting from step 0.")
     if resume is None:
+        rank, said = adapter_rank(config)
+        print(said, flush=True)
         training = await service.create_lora_training_client(
-            base_model=base_model, rank=config.trainer.lora_rank or 32, seed=config.seed
+            base_model=base_model, rank=rank, seed=config.seed
         )
         return training, RunPosition()
     training = await service.create_training_client_from_state_with_optimizer(resume["path"])
@@ -256,5 +278,5 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
 
 BACKEND = Backend(
     name="tinker", run=run, honoured_keys=HONOURED_KEYS, parse_options=typed_options(TinkerOptions, "tinker"),
-    validate=validate,
+    validate=validate, describe=describe, section_help=typed_section_help(TinkerOptions, "tinker"),
 )  # fmt: skip

@@ -276,7 +276,22 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     return 0
 
 
+def section_help() -> str:
+    """``help=trl``: the section passes through to TRL's ``GRPOConfig``; its fields, when TRL is here."""
+    lines = ["trl keys: any field of trl.GRPOConfig, as trl.<field>=value (checked against GRPOConfig itself);",
+             "the shared keys (trainer.*, sampling.*) set the fields they name, and a trl.* key of the same",
+             "field is refused.", ""]  # fmt: skip
+    try:
+        from trl import GRPOConfig
+    except ImportError:
+        return "\n".join([*lines, "TRL is not installed here: pip install 'rl-bridges[trl]'."]) + "\n"
+    for f in dataclasses.fields(GRPOConfig):
+        text = " ".join(str(f.metadata.get("help", "")).split())
+        lines.append(f"  trl.{f.name}  {text[:100]}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
 BACKEND = Backend(
     name="trl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
-    describe=describe,
+    describe=describe, section_help=section_help,
 )  # fmt: skip

@@ -378,7 +378,17 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     return finish(config, run_dir, resume_step, code)
 
 
+def section_help() -> str:
+    """``help=verl``: the section is verl's own PPO trainer config, dotted."""
+    return (
+        "verl keys: any key of verl's PPO trainer config (verl/trainer/config/ppo_trainer.yaml), dotted, as\n"
+        "verl.<path>=value, e.g. verl.actor_rollout_ref.rollout.name=vllm; each is checked against verl's own\n"
+        "config, and verl.+<path>=value adds a key it does not have. The shared keys (trainer.*, sampling.*)\n"
+        "set the verl keys they name; dry_run=true prints the whole config verl would receive.\n"
+    )
+
+
 BACKEND = Backend(
     name="verl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
-    describe=describe,
+    describe=describe, section_help=section_help,
 )  # fmt: skip

@@ -20,11 +20,17 @@ from bridges.jobs.compare_report import (
     tables,
     write_reports,
 )
+from bridges.jobs.evaluate import SamplingConfig
 from bridges.runs.config import option
 from bridges.runs.metrics import read_metric_rows
 from bridges.runtime.errors import ConfigError
 
 BACKENDS = ("grpo", "trl", "tinker", "verl")
+
+
+@dataclass
+class TinkerTarget:
+    base_url: str = option("local", help="'local' starts the local Tinker server; else a service URL")
 
 
 @dataclass
@@ -40,18 +46,26 @@ class CompareConfig:
     num_examples: int = option(8, ge=1, help="examples evaluated per backend")
     rollouts_per_example: int = option(4, ge=1, help="rollouts of each example per backend")
     seed: int = option(0, ge=0, help="sampling seed, the same on every backend")
-    temperature: float = option(1.0, ge=0.0, le=2.0, help="sampling temperature")
-    max_tokens: int | None = option(None, ge=1, help="tokens per model turn; None: the environment's own")
+    sampling: SamplingConfig = option(
+        factory=SamplingConfig, help="the same sampling.* keys as bridges.eval",
+        replaces={"temperature": "sampling.temperature", "max_tokens": "sampling.max_tokens"},
+    )  # fmt: skip
     backend_sampling: dict[str, Any] = option(
         factory=dict, help="per-backend sampling overrides: <backend>.<arg>=value"
     )
-    tinker_base_url: str = option("local", help="'local' starts the local Tinker server; else a service URL")
+    tinker: TinkerTarget = option(factory=lambda: TinkerTarget(), replaces={"tinker_base_url": "tinker.base_url"})
     runs: list[str] = option(
         factory=list, help="finished training run folders whose reward curves to overlay"
     )
     bootstrap: int = option(2000, ge=100, help="bootstrap resamples for the paired verdicts")
     output: str = option("outputs/compare", help="where the report, plot and results dataset go")
     progress: bool = option(False, help="progress bars")
+    dry_run: bool = option(False, help="check everything and print the resolved config; compare nothing")
+
+    @property
+    def temperature(self) -> float:
+        """The temperature every backend samples at (1.0 unless sampling.temperature says otherwise)."""
+        return 1.0 if self.sampling.temperature is None else self.sampling.temperature
 
 
 def check(config: CompareConfig) -> None:
@@ -63,6 +77,18 @@ def check(config: CompareConfig) -> None:
     stray = sorted(set(config.backend_sampling) - set(config.backends))
     if stray:
         raise ConfigError(f"backend_sampling.{stray[0]} names a backend that is not in backends.")
+
+
+def validate(config: CompareConfig) -> Any:
+    """What a dry run and a real run both check before any engine starts; returns the environment
+    (None when only training runs' curves are compared)."""
+    from bridges.runs.preflight import build_environment, check_model
+
+    check(config)
+    if not config.backends:
+        return None
+    check_model(config.model)
+    return build_environment(config.env, config.env_args)
 
 
 @contextlib.asynccontextmanager
@@ -82,7 +108,7 @@ async def backend_client(name: str, config: CompareConfig, model_path: str) -> A
         from bridges.adapters.verl.hf_rollout import HFRolloutServer
 
         manager = HFRolloutServer(model_path)
-        base = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+        base = {"temperature": config.temperature, "top_p": config.sampling.top_p or 1.0, "top_k": -1, "logprobs": True}
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -110,7 +136,7 @@ async def _tinker_client(config: CompareConfig, model_path: str) -> AsyncIterato
     from bridges.client import EngineClient
 
     os.environ.setdefault("TINKER_TELEMETRY", "0")
-    base_url, label = config.tinker_base_url, f"tinker ({config.tinker_base_url})"
+    base_url, label = config.tinker.base_url, f"tinker ({config.tinker.base_url})"
     with contextlib.ExitStack() as stack:
         if base_url == "local":
             from bridges.adapters.tinker.server import start_local_server
@@ -132,8 +158,10 @@ async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_pat
         "temperature": config.temperature,
         "seed": config.seed,
     }
-    if config.max_tokens is not None:
-        args["max_tokens"] = config.max_tokens
+    if config.sampling.max_tokens is not None:
+        args["max_tokens"] = config.sampling.max_tokens
+    if config.sampling.top_p is not None:
+        args["top_p"] = config.sampling.top_p
     args.update(config.backend_sampling.get(name, {}))
     async with backend_client(name, config, model_path) as (client, label):
         started = time.perf_counter()
@@ -183,16 +211,18 @@ def compare(config: CompareConfig) -> int:
     """Evaluate each backend on the same rows and seeds, read the training curves, write the report."""
     from datasets import Dataset
 
-    from bridges.envs.registry import load_environment
     from bridges.models.tiny import resolve_model_path
+    from bridges.runs.config import to_yaml
 
-    check(config)
+    env = validate(config)
+    if config.dry_run:
+        print(to_yaml(config), end="")
+        return 0
     output = Path(config.output)
     output.mkdir(parents=True, exist_ok=True)
     curves, axis = read_curves(config.runs)
     results: list[BackendResult] = []
     if config.backends:
-        env = load_environment(config.env, **config.env_args)
         model_path = str(resolve_model_path(config.model))
         for name in config.backends:
             print(f"evaluating {config.env} through {name} ...", flush=True)

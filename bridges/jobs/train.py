@@ -10,7 +10,7 @@ from typing import Any
 
 from bridges.models.hardware import check_process_devices
 from bridges.runs.backends import Backend, backend_section, installed_sections, resolve_backend
-from bridges.runs.config import parse_config, to_yaml, with_open_sections
+from bridges.runs.config import HelpRequested, parse_config, to_yaml, with_open_sections
 from bridges.runs.metrics import quiet_library_bars
 from bridges.runs.preflight import (
     build_environment,
@@ -86,8 +86,19 @@ def train_schema() -> type[TrainConfig]:
     )
 
 
+def backend_help(args: list[str]) -> None:
+    """``help=<backend>`` (tinker, trl, verl, an installed one's name): that backend's own section."""
+    from bridges.runs.backends import available_backends
+
+    for arg in args:
+        name = arg.split("=", 1)[1] if arg.startswith("help=") else None
+        if name is not None and name in available_backends():
+            raise HelpRequested(resolve_backend(name).section_help())
+
+
 def train(args: list[str]) -> int:
     """Run ``python -m bridges.train`` with these ``key=value`` arguments; returns the exit code."""
+    backend_help(args)
     config = parse_config(train_schema(), args)
     backend = resolve_backend(config.backend)
     options = validate(config, backend)

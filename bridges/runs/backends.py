@@ -41,6 +41,10 @@ def _nothing_to_describe(config: TrainConfig, options: Any) -> str:
     return ""
 
 
+def _no_section_keys() -> str:
+    return "this backend has no section of its own: it reads the shared keys (help=trainer, help=sampling).\n"
+
+
 @dataclasses.dataclass(frozen=True)
 class Backend:
     """What a training backend declares.
@@ -60,6 +64,19 @@ class Backend:
     parse_options: Callable[[dict[str, Any]], Any] = _no_options
     validate: Callable[[TrainConfig, Any], None] = _no_checks
     describe: Callable[[TrainConfig, Any], str] = _nothing_to_describe
+    section_help: Callable[[], str] = _no_section_keys
+
+
+def typed_section_help(schema: type, name: str) -> Callable[[], str]:
+    """``section_help`` for a backend whose section is a dataclass: its keys, types, defaults and rules."""
+
+    def text() -> str:
+        from bridges.runs.config import help_text
+
+        holder = dataclasses.make_dataclass(f"{name}_section", [(name, schema, dataclasses.field(default_factory=schema))])
+        return help_text(holder, name)
+
+    return text
 
 
 def typed_options(schema: type, name: str) -> Callable[[dict[str, Any]], Any]:

@@ -33,10 +33,13 @@ def option(
     gt: float | None = None,
     le: float | None = None,
     choices: Sequence[Any] | None = None,
+    replaces: dict[str, str] | None = None,
 ) -> Any:
     """A config field with its one-line description and the values it accepts (checked by
-    ``check_values`` right after parsing, so a bad value fails before anything loads)."""
-    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices) if choices else None}
+    ``check_values`` right after parsing, so a bad value fails before anything loads). ``replaces``:
+    old spellings (key -> the key to write now), refused with that key as the did-you-mean."""
+    metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices) if choices else None,
+                "replaces": dict(replaces or {})}  # fmt: skip
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -170,8 +173,11 @@ def _nested_schema(schema: type, key: str) -> type | None:
 
 def _unknown_key_error(key: str, schema: type, prefix: str = "") -> ConfigError:
     valid = _valid_keys(schema)
+    renamed = {old: new for f in dataclasses.fields(schema) for old, new in f.metadata.get("replaces", {}).items()}
     close = difflib.get_close_matches(key.split(".")[0], valid, n=1)
     hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+    if key.split(".")[0] in renamed:
+        hint = f" (did you mean '{prefix}{renamed[key.split('.')[0]]}'? every command spells it so)"
     return ConfigError(f"unknown config key '{prefix}{key}'{hint}; valid keys: {', '.join(valid)}.")
 
 
