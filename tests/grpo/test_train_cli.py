@@ -35,8 +35,24 @@ def test_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path: Path):
     )
     assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in result.stdout  # the command line wins over the file
-    assert "save_every: 50" in result.stdout and "alphabet: abcdefgh" in result.stdout
+    assert "save_every: 0" in result.stdout and "alphabet: abcdefgh" in result.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_example_config_is_the_embedded_default_written_out():
+    import inspect
+
+    from bridges.environments import repeat_letter
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig, learning_rate
+
+    from_file = parse_config(TrainConfig, [f"config={REPO / 'examples/grpo_tiny.yaml'}"])
+    default = parse_config(TrainConfig, [])
+    assert learning_rate(from_file.trainer, "tiny", lora=False) == learning_rate(default.trainer, "tiny", lora=False)
+    own = inspect.signature(repeat_letter.load_environment).parameters
+    assert all(own[key].default == value for key, value in from_file.env_args.items())  # the env's own defaults
+    from_file.trainer.learning_rate, from_file.env_args = default.trainer.learning_rate, default.env_args
+    assert from_file == default
 
 
 def test_checkpoint_every_step_then_resume_continues_from_step_two(tmp_path: Path):
