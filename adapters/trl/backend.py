@@ -230,6 +230,10 @@ def check_fsdp_generation(config: TrainConfig, env: Any) -> None:
 def run(config: TrainConfig, options: dict[str, Any]) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     require_extra("trl", "trl", "backend=trl")
+    if config.report_to == "wandb":  # transformers' wandb callback reads these two, nothing else
+        os.environ["WANDB_PROJECT"] = config.wandb.resolved_project()
+        if config.wandb.resolved_entity():
+            os.environ["WANDB_ENTITY"] = str(config.wandb.resolved_entity())
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer

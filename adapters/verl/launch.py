@@ -183,7 +183,7 @@ def overrides(
         "trainer.max_actor_ckpt_to_keep": config.keep_checkpoints or None,  # 0: keep all
         "trainer.default_local_dir": str(files["run_dir"] / "checkpoints"),
         "trainer.resume_mode": "auto" if config.resume else "disable",
-        "trainer.project_name": "rl-bridges",
+        "trainer.project_name": config.wandb.resolved_project(),
         "trainer.experiment_name": config.resolved_run_name,
         "trainer.logger": ["console", "file"] + ([] if config.report_to == "none" else [config.report_to]),
         "trainer.use_v1": False,

@@ -33,6 +33,11 @@ def validate(config: TrainConfig, backend: Backend) -> Any:
     check_writable_folder(Path(config.output_dir), "output_dir")
     run_dir = Path(config.output_dir) / config.resolved_run_name
     claim_run_folder(run_dir, resume=config.resume, overwrite=config.overwrite, dry_run=True)
+    if config.report_to != "wandb" and (config.wandb.project or config.wandb.entity):
+        raise ConfigError(
+            "wandb.project/wandb.entity are set but report_to=none, so nothing would go to wandb; add "
+            "report_to=wandb, or drop them."
+        )
     if config.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
         raise MissingExtraError(
             "'wandb' is needed for report_to=wandb but is not installed; install it with "

@@ -39,7 +39,10 @@ def read_metric_rows(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, config: dict[str, Any], report_to: str = "none", resume_step: int = 0):
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], report_to: str = "none", resume_step: int = 0,
+        wandb_project: str = "rl-bridges", wandb_entity: str | None = None,
+    ):  # fmt: skip
         if report_to not in ("none", "wandb"):
             raise ConfigError(f"report_to must be 'none' or 'wandb', got '{report_to}'.")
         self.path = run_dir / "metrics.jsonl"
@@ -55,7 +58,8 @@ class MetricsLogger:
             if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
                 os.environ["WANDB_MODE"] = "offline"  # no key, no network: log locally, sync later
             self._wandb = wandb.init(
-                project=os.environ.get("WANDB_PROJECT", "rl-bridges"),
+                project=wandb_project,
+                entity=wandb_entity,
                 name=run_dir.name,
                 dir=str(run_dir),
                 config=config,

@@ -34,6 +34,22 @@ class SamplingConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str | None = option(None, help="wandb project; None: $WANDB_PROJECT, else rl-bridges")
+    entity: str | None = option(None, help="wandb entity (team or user); None: $WANDB_ENTITY, else your default")
+
+    def resolved_project(self) -> str:
+        import os
+
+        return self.project or os.environ.get("WANDB_PROJECT") or "rl-bridges"
+
+    def resolved_entity(self) -> str | None:
+        import os
+
+        return self.entity or os.environ.get("WANDB_ENTITY") or None
+
+
+@dataclass
 class TrainerConfig:
     # schedule
     max_steps: int = option(250, ge=1, help="optimizer steps")
@@ -246,6 +262,7 @@ class TrainConfig:
     dry_run: bool = option(
         False, help="validate everything, print the resolved config (and backend command), exit"
     )
+    wandb: WandbConfig = option(factory=WandbConfig, help="where report_to=wandb logs")
     sampling: SamplingConfig = option(factory=SamplingConfig, help="sampling of training rollouts")
     trainer: TrainerConfig = option(factory=TrainerConfig, help="the shared training keys")
     # native backend sections, passed through untouched

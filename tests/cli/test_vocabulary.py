@@ -74,3 +74,31 @@ def test_tinker_says_which_adapter_rank_it_trains(rank, said, capsys, tmp_path: 
     code, out, err = run("bridges.train", argv, capsys)
     assert code == 0, err
     assert said in out
+
+
+def test_wandb_keys_without_report_to_wandb_are_refused(capsys, tmp_path: Path):
+    code, _, err = run("bridges.train", ["wandb.project=mine", "dry_run=true", f"output_dir={tmp_path}"], capsys)
+    assert code == 2 and "wandb.project/wandb.entity are set but report_to=none" in err, err
+
+
+def test_wandb_project_and_entity_reach_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """report_to=wandb with wandb.project/entity: wandb.init gets them (offline, no key, no network)."""
+    pytest.importorskip("wandb")
+    import wandb
+
+    from bridges.runs.metrics import MetricsLogger
+    from bridges.runs.train_config import WandbConfig
+
+    seen: dict[str, object] = {}
+
+    def init(**kwargs: object) -> object:
+        seen.update(kwargs)
+        raise SystemExit(0)  # stop before a real wandb run starts
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setenv("WANDB_ENTITY", "from-env")
+    settings = WandbConfig(project="mine")
+    with pytest.raises(SystemExit):
+        MetricsLogger(tmp_path, {}, "wandb", wandb_project=settings.resolved_project(),
+                      wandb_entity=settings.resolved_entity())  # fmt: skip
+    assert (seen["project"], seen["entity"]) == ("mine", "from-env")
