@@ -127,7 +127,7 @@ EVAL = [
 
 
 @pytest.fixture
-def paths(tmp_path: Path) -> dict[str, str]:
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     from bridges.grpo.checkpoint import _PREFIX
     from bridges.runtime.state_files import write_manifest
 
@@ -143,6 +143,7 @@ def paths(tmp_path: Path) -> dict[str, str]:
     write_manifest(checkpoint)
     (tmp_path / "fullrun" / "run" / "metrics.jsonl").write_text("")
     (tmp_path / "misnamed_reward.py").write_text(MISNAMED_REWARD)  # found in the working folder
+    monkeypatch.chdir(tmp_path)
     return {"tmp": str(tmp_path), "file": str(file), "malformed": str(malformed), "listed": str(listed),
             "fullrun": str(tmp_path / "fullrun")}  # fmt: skip
 
