@@ -1,0 +1,122 @@
+"""The user guide holds: a short README without history, every relative link resolving (anchors too),
+a configuration reference that is what the schemas say, the guide's multi-turn example being the tested
+file, and the README's commands running (dry where they would train).
+
+``BRIDGES_WRITE_DOCS=1 python -m pytest tests/test_docs.py`` rewrites ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+COMMANDS = {  # command -> its options, as ``help`` prints them
+    "bridges.train": "bridges.jobs.train:train_schema", "bridges.eval": "bridges.jobs.evaluate:EvalConfig",
+    "bridges.compare": "bridges.jobs.compare:CompareConfig", "bridges.serve": "bridges.server.run:ServeConfig",
+    "bridges.export": "bridges.jobs.export:ExportConfig", "bridges.sft": "bridges.jobs.sft:SFTRunConfig",
+    "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check_template:CheckConfig",
+}  # fmt: skip
+
+
+def slug(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's rule) gives a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_the_readme_is_short_and_tells_no_history():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    assert not re.search(r"\bissues? \d+|\bcommit [0-9a-f]{7}|\bitem \d+ of", text, flags=re.I)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_relative_link_resolves_inside_the_repository(page: Path):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        assert dest.exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+        assert dest == ROOT or ROOT in dest.parents, f"{page.relative_to(ROOT)} links outside the repository"
+        if anchor and dest.suffix == ".md":
+            assert anchor in anchors(dest), f"{page.relative_to(ROOT)} links to #{anchor}, not a heading of {path}"
+
+
+def render_configuration() -> str:
+    from bridges.runs.config import help_text
+
+    parts = ["# Configuration reference\n\n",
+             "Every key of every command, generated from the schemas the commands parse "
+             "(`tests/test_docs.py` keeps this page current). Each command prints the same with `help` or "
+             "`help=<section>`; `bridges.train help=tinker` (or `trl`, `verl`) prints a backend's section.\n"]  # fmt: skip
+    for command, target in COMMANDS.items():
+        module, _, attr = target.partition(":")
+        schema = getattr(importlib.import_module(module), attr)
+        schema = schema() if callable(schema) and not isinstance(schema, type) else schema
+        parts.append(f"\n## python -m {command}\n\n```text\n{help_text(schema).rstrip()}\n```\n")
+    from bridges.adapters.tinker.backend import BACKEND as TINKER
+
+    parts.append(f"\n## python -m bridges.train help=tinker\n\n```text\n{TINKER.section_help().rstrip()}\n```\n")
+    return "".join(parts)
+
+
+def test_the_configuration_reference_is_what_the_schemas_say():
+    page = ROOT / "docs" / "configuration.md"
+    expected = render_configuration()
+    if os.environ.get("BRIDGES_WRITE_DOCS") == "1":
+        page.write_text(expected)
+    assert page.read_text() == expected, "docs/configuration.md is stale: rerun with BRIDGES_WRITE_DOCS=1"
+
+
+def test_the_guides_multi_turn_example_is_the_tested_file():
+    guide = (ROOT / "docs" / "guide" / "environments.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
+    assert (ROOT / "examples" / "countdown_env.py").read_text() in blocks
+    assert len((ROOT / "examples" / "countdown_env.py").read_text().splitlines()) <= 30
+
+
+def readme_commands() -> list[str]:
+    """The ``python -m bridges.*`` lines of the README's bash blocks after the two first (continuations
+    joined, comments dropped), less those marked ``# needs …`` (the Hub, a key, your own module)."""
+    blocks = re.findall(r"```bash\n(.*?)\n```", README.read_text(), flags=re.S)[2:]
+    picked = []
+    for line in (b for block in blocks for b in block.replace("\\\n", " ").splitlines()):
+        if line.startswith("python -m bridges.") and "# needs" not in line:
+            picked.append(line.split("#")[0].strip())
+    return picked
+
+
+@pytest.mark.slow
+def test_the_readmes_commands_run_dry_where_they_would_train(tmp_path: Path):
+    """Run from a folder holding the README's ``my_env.py``: train and compare as dry runs, eval small."""
+    source = re.search(r"```python\n(# my_env.py\n.*?)```", README.read_text(), flags=re.S)
+    assert source is not None
+    (tmp_path / "my_env.py").write_text(source.group(1))
+    commands = readme_commands()
+    assert len(commands) >= 6
+    for command in commands:
+        args = command.split()[2:]
+        if args[0] in ("bridges.train", "bridges.compare"):
+            args += ["dry_run=true"]
+        elif args[0] == "bridges.eval":
+            args += ["num_examples=2", "rollouts_per_example=1", "progress=false", f"output={tmp_path}/eval"]
+        done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, check=False)  # fmt: skip
+        assert done.returncode == 0, f"{command}: {done.stderr[-1500:]}"
