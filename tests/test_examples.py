@@ -40,6 +40,21 @@ def test_my_env_evaluates_from_its_folder(tmp_path: Path):
     }
 
 
+def test_the_guides_countdown_env_runs_several_turns_and_scores_them(tmp_path: Path):
+    """docs/guide/environments.md's multi-turn example: turns alternate until a stop, each rollout scored."""
+    out = tmp_path / "countdown"
+    result = run(
+        "-m", "bridges.eval", "env=countdown_env", "model=tiny", "num_examples=3", "rollouts_per_example=2",
+        "env_args.max_turns=3", "progress=false", f"output={out}", cwd=EXAMPLES,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["error"] is None for r in rows)
+    assert all(r["stop_reason"] in ("max_turns", "reached_zero") for r in rows), [r["stop_reason"] for r in rows]
+    assert all(0.0 <= r["metrics"]["correct_steps"] <= 1.0 for r in rows)
+    assert any(sum(m["role"] == "assistant" for m in r["completion"]) == 3 for r in rows)  # several turns ran
+
+
 def test_token_exact_client_reuses_the_first_turn(tmp_path: Path):
     result = run(str(EXAMPLES / "token_exact_client.py"))
     assert result.returncode == 0, result.stderr
