@@ -1,4 +1,4 @@
-"""A whole environment in one file: the README's first example, runnable as it stands.
+"""A whole environment in one file: the README's first quickstart, runnable as it stands.
 
     cd examples && python -m bridges.eval env=my_env model=tiny num_examples=8 rollouts_per_example=2
 

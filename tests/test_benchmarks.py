@@ -1,6 +1,6 @@
 """The orchestration benchmarks run end to end at a small size and print the figures they promise.
 
-The figures themselves are measured by hand (README); what is checked here is that every phase of
+The figures themselves are measured by hand (docs/guide/benchmarks.md); what is checked here is that every phase of
 the per-phase breakdown still finds the functions it wraps (a rename would silently read 0) and
 that the peer benchmark's three paths all complete every rollout.
 """

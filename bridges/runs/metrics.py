@@ -17,8 +17,8 @@ from typing import Any
 
 from bridges.runtime.errors import ConfigError, require_extra
 
-# The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the README's
-# "Metrics" table says what each means per backend); a backend with other native names maps them with
+# The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the guide's
+# docs/guide/metrics.md says what each means per backend); a backend with other native names maps them with
 # ``renamed`` before logging, so curves and reports compare across backends without a lookup table.
 SHARED_METRICS = (
     "reward/mean", "reward/std", "loss", "grad_norm", "lr", "episodes/masked_fraction",
