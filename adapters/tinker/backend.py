@@ -124,7 +124,7 @@ def adapter_rank(config: TrainConfig) -> tuple[int, str]:
         return rank, f"Tinker trains a LoRA adapter of rank {rank} (trainer.lora_rank)."
     return DEFAULT_RANK, (
         f"Tinker trains LoRA adapters only: trainer.lora_rank=0 (full fine-tuning) is not offered, so the "
-        f"adapter takes Tinker's default rank {DEFAULT_RANK}; set trainer.lora_rank=N for another."
+        f"adapter takes Tinker's default rank {DEFAULT_RANK}; set trainer.lora_rank=64 (say) for another."
     )
 
 

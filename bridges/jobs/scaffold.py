@@ -129,12 +129,12 @@ def check_name(name: str, parent: Path) -> str:
             "starting with a letter (at most 64 characters)."
         )
     module = name.replace("-", "_")
+    if (parent / name).exists():  # first: a folder here is also importable from here, as a namespace package
+        raise ConfigError(f"{parent / name} already exists; choose another name or remove it.")
     if module in list_bundled_environments() or importlib.util.find_spec(module) is not None:
         raise ConfigError(
             f"'{name}' is already taken by an importable module or a bundled environment; choose another name."
         )
-    if (parent / name).exists():
-        raise ConfigError(f"{parent / name} already exists; choose another name or remove it.")
     return module
 
 
