@@ -246,7 +246,7 @@ class TrainConfig:
     engine: str = option(
         "auto",
         choices=ENGINES,
-        help="auto: on a GPU vllm where installed, else paged (transformers' continuous batching); hf on the CPU",
+        help="auto: on a GPU vllm where installed, else paged (transformers' continuous batching) with flash-attn, else hf",
     )
     run_name: str | None = option(None, help="the run's folder under output_dir; default <backend>-<env>")
     output_dir: str = option("runs", help="where run folders are written")

@@ -200,3 +200,19 @@ def test_a_cache_in_tokens_leaves_each_row_a_part_filled_block():
 
     assert blocks_for(6_400, 256, 64) == 25 + 64  # 64 rows of ~100 tokens need 64 blocks, not 25
     assert blocks_for(1, 32, 1) == 2
+
+
+@pytest.mark.parametrize(
+    ("on_gpu", "processes", "installed", "chosen"),
+    [(False, 1, {"vllm", "flash_attn"}, "hf"), (True, 1, {"vllm", "flash_attn"}, "vllm"),
+     (True, 2, {"vllm", "flash_attn"}, "paged"), (True, 1, {"flash_attn"}, "paged"), (True, 1, set(), "hf")],
+)  # fmt: skip
+def test_auto_takes_the_paged_engine_only_where_flash_attention_makes_it_fast(
+    on_gpu, processes, installed, chosen, monkeypatch
+):
+    """Without a flash-attention kernel transformers runs the paged engine as paged|sdpa, eagerly and
+    without CUDA graphs: on an H100 that was slower than the hf decode loop, so auto keeps hf there."""
+    from bridges.grpo import policy
+
+    monkeypatch.setattr(policy, "_installed", lambda module: module in installed)
+    assert policy.auto_engine(on_gpu, processes) == chosen
