@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +99,9 @@ class PagedEngine(HFEngine):
         self.block_size = block_size
         self.reserve_bytes = reserve_bytes  # what the trainer will still allocate on this GPU
         self.cuda_graphs = cuda_graphs  # None: transformers decides (off with sdpa, which needs a mask)
+        # a failed step reaches each caller as one EngineError sentence; transformers would also log
+        # the traceback of its generation thread on every failure
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
         self._manager: Any = None
         self._collector: threading.Thread | None = None
         self._warpers: WarperSet | None = None
@@ -137,14 +141,14 @@ class PagedEngine(HFEngine):
                 if self._closed:
                     raise EngineError(f"engine '{self.name}' was closed before this request ran.")
                 idle = not self._running
-                same = self._warpers == warpers and self._manager is not None
+                same = self._warpers == warpers and self._alive()
                 free = not self._exclusive_holders and not self._restarting
                 if free and ((same and not self._switch_wanted) or idle):
                     break
                 if not same and not idle:
                     self._switch_wanted = True
                 self._cv.wait()
-            if not (self._warpers == warpers and self._manager is not None):
+            if not (self._warpers == warpers and self._alive()):
                 try:
                     self._restart(warpers)
                 except Exception as exc:  # a cache that does not fit, an unsupported model
@@ -164,6 +168,11 @@ class PagedEngine(HFEngine):
                 row.prompt_ids, request_id=request_id, max_new_tokens=row.max_new_tokens,
                 eos_token_id=sorted(row.stop_token_ids), **_per_request(params),
             )  # fmt: skip
+
+    def _alive(self) -> bool:
+        """A manager runs: its loop ends on a failed step (a NaN distribution, an out-of-memory), failing
+        its rows, and the next request then starts a fresh one instead of queueing on a dead loop."""
+        return self._manager is not None and self._manager.is_running()
 
     def _cancel(self, group: _Group) -> None:
         """The caller gave up: its rows leave the batch at the next step."""

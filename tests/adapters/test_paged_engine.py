@@ -216,3 +216,22 @@ def test_auto_takes_the_paged_engine_only_where_flash_attention_makes_it_fast(
 
     monkeypatch.setattr(policy, "_installed", lambda module: module in installed)
     assert policy.auto_engine(on_gpu, processes) == chosen
+
+
+async def test_a_failed_step_fails_its_rows_in_one_sentence_and_the_next_request_runs(
+    tiny_path, tiny_tokenizer
+):
+    """A NaN distribution kills transformers' generation loop: its rows fail with the reason, and the
+    engine starts a fresh manager for the next request instead of queueing on the dead one."""
+    model = private_model(tiny_path)
+    poison = {"on": True}
+    model.get_output_embeddings().register_forward_hook(
+        lambda _m, _i, out: out * float("nan") if poison["on"] else out
+    )
+    engine = PagedEngine(model, tiny_tokenizer)
+    with pytest.raises(EngineError, match="probability tensor contains either `inf`, `nan`"):
+        await asyncio.wait_for(engine.generate([5, 6, 7], SamplingParams(max_tokens=5)), 30)
+    poison["on"] = False
+    [sample] = await asyncio.wait_for(engine.generate([5, 6, 7], SamplingParams(max_tokens=5)), 30)
+    assert 1 <= len(sample.token_ids) <= 5 and all(math.isfinite(lp) for lp in sample.logprobs)
+    engine.close()
