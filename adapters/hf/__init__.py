@@ -2,7 +2,8 @@
 
 ``HFEngine`` is what the bundled trainer samples from on a machine without vLLM, and what the tests
 run every layer against with the locally built tiny model. ``PagedEngine`` is the same engine on
-transformers' continuous batching (a paged KV cache): the default on a GPU without vLLM. Importing this package is cheap: torch
+transformers' continuous batching (a paged KV cache): ``engine=auto`` takes it on a GPU without vLLM
+where a flash-attention kernel is installed (``bridges.grpo.policy.auto_engine``). Importing this package is cheap: torch
 and transformers load when an engine is created.
 """
 

@@ -43,9 +43,6 @@ from bridges.envs.types import Sample, SamplingParams
 from bridges.models.hardware import bound
 from bridges.runtime.errors import EngineError
 
-CPU_CACHE_TOKENS = 32_768  # the KV cache on the CPU, in tokens (transformers would size it from free RAM)
-CPU_BLOCK_SIZE = 32  # small blocks on the CPU: a group's shared prompt fills whole blocks sooner
-
 
 @dataclass(frozen=True, slots=True)
 class WarperSet:

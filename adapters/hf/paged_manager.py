@@ -13,6 +13,10 @@ from typing import Any
 from bridges.adapters.hf.decode import _stop_string_hit
 from bridges.envs.types import Sample
 
+CPU_CACHE_TOKENS = 32_768  # the KV cache on the CPU, in tokens (transformers would size it from free RAM)
+CPU_BLOCK_SIZE = 32  # small blocks on the CPU: a group's shared prompt fills whole blocks sooner
+CPU_BATCH_TOKENS = 4_096  # tokens one CPU forward step takes at most
+GPU_BLOCK_SIZE = 256  # transformers' own default block, when the cache is sized in tokens
 MIN_CACHE_SHARE = 0.05  # of the GPU's free memory, whatever the trainer reserves
 # at most half the free memory: the trainer's activations and logits chunks are not in reserve_bytes
 # (on one H100 at Qwen2.5-0.5B a 0.9 share left the run at 72 GB of 80)
@@ -54,15 +58,15 @@ def _cache_config(engine: Any) -> Any:
     if engine.cuda_graphs is not None:
         options["use_cuda_graph"] = engine.cuda_graphs
     if engine.device.type == "cpu":
-        block = engine.block_size or 32
-        tokens = engine.cache_tokens or 32_768
+        block = engine.block_size or CPU_BLOCK_SIZE
+        tokens = engine.cache_tokens or CPU_CACHE_TOKENS
         options.update(
             block_size=block,
             num_blocks=blocks_for(tokens, block, engine.max_batch_size),
-            max_batch_tokens=min(tokens, 4096),
+            max_batch_tokens=min(tokens, CPU_BATCH_TOKENS),
         )
     elif engine.cache_tokens is not None:
-        block = engine.block_size or 256
+        block = engine.block_size or GPU_BLOCK_SIZE
         options.update(num_blocks=blocks_for(engine.cache_tokens, block, engine.max_batch_size))
     elif engine.device.type == "cuda":
         options["max_memory_percent"] = cache_share(engine.device, engine.reserve_bytes)

@@ -232,8 +232,9 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
     require_extra("trl", "trl", "backend=trl")
     if config.report_to == "wandb":  # transformers' wandb callback reads these two, nothing else
         os.environ["WANDB_PROJECT"] = config.wandb.resolved_project()
-        if config.wandb.resolved_entity():
-            os.environ["WANDB_ENTITY"] = str(config.wandb.resolved_entity())
+        entity = config.wandb.resolved_entity()
+        if entity:
+            os.environ["WANDB_ENTITY"] = entity
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer

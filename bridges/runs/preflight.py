@@ -9,6 +9,7 @@ empties a folder only when the user asked for ``overwrite=true``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -86,9 +87,11 @@ def check_model(model: str) -> None:
     _check_on_hub(model)
 
 
+@functools.cache  # a run checks its model in its backend's checks and again for the template verdict
 def _check_on_hub(model: str) -> None:
     """A hub id that is not cached must be reachable and exist, asked once here, so a dry run and a real
-    run stop on the same sentence (a real run used to die in ``from_pretrained`` with a traceback)."""
+    run stop on the same sentence (a real run used to die in ``from_pretrained`` with a traceback). Only
+    a model found is remembered: a refusal raises, and raising is never cached."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
