@@ -10,7 +10,9 @@ compares across backends lives here once, so it cannot drift between them:
 - which samples train (``groups_to_samples``), the step's metric row, ``timing/*``, traces,
   ``metrics.jsonl``, the progress line, the save cadence and the end-of-run report;
 - the non-finite guard: a backend reports ``skipped_nonfinite`` and ``MAX_NONFINITE_STEPS`` of them
-  in a row stop the run in one sentence (something upstream is broken; more steps would not help).
+  in a row stop the run in one sentence (something upstream is broken; more steps would not help);
+- evaluation on the held-out split every ``eval_every`` steps (``evaluate``): the same rollouts on the
+  same rows with the same seed each time, so two evaluations differ only by the weights.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from bridges.workflows.traces import open_run_files
 from bridges.workflows.types import Group, TrainingSample
 
 MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
+EVAL_SEED_STEP = -1  # every evaluation samples with the seed of this (never trained) step
+# the step row's keys an evaluation reports, under eval/ (the others describe training)
+EVAL_KEYS = ("reward/mean", "reward/std", "episodes/total", "episodes/masked", "episodes/masked_fraction",
+             "tokens/completion_mean")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,7 @@ class RunSpec:
     artifacts: list[str]  # the files the end-of-run line names, besides the reward curve
     reducer: Reducer = Reducer()
     rows_together: int = 1  # Environment.rows_together: blocks of rows the data order keeps adjacent
+    eval_dataset: Any = None  # the held-out rows ``eval_every`` evaluates on
 
 
 async def run_training(
@@ -117,7 +124,7 @@ async def run_training(
             groups = await pending.popleft()
             waited = time.perf_counter() - waiting
             for group in groups:
-                traces.write_group(group, step=position.step + 1)
+                traces.write_group(group, step=position.step + 1, split="train")
             samples, stats = groups_to_samples(groups, t.max_completion_length)
             training = time.perf_counter()
             result = await learner.train(samples)
@@ -129,12 +136,12 @@ async def run_training(
             row = {"step": position.step, **step_metrics(tallies), **result,
                    "timing/train_s": time.perf_counter() - training, "timing/wait_generation_s": waited,
                    "timing/elapsed_s": time.perf_counter() - started, "weight_version": learner.weight_version}  # fmt: skip
+            if eval_due(config.eval_every, position.step, t.max_steps):
+                row.update(await evaluate(config, spec, learner, traces, position.step))
             if logger is not None:
                 logger.log(row)
             progress.report(row)
-            if (
-                config.save_every > 0 and position.step % config.save_every == 0
-            ) or position.step == t.max_steps:
+            if (config.save_every > 0 and position.step % config.save_every == 0) or position.step == t.max_steps:
                 await learner.save(position)
     finally:
         await _cancel(pending)
@@ -146,6 +153,33 @@ async def run_training(
         return []
     finish_run(logger.rows, spec.run_dir, f"{config.env} · {spec.model} · {spec.backend}", spec.artifacts)
     return logger.rows
+
+
+def eval_rows(config: Any, env: Any) -> Any:
+    """The held-out rows ``eval_every`` evaluates on (None when it is off; validation refused a run
+    whose environment has none)."""
+    return env.get_eval_dataset() if config.eval_every > 0 else None
+
+
+def eval_due(eval_every: int, step: int, max_steps: int) -> bool:
+    """Whether step ``step`` ends with an evaluation: every ``eval_every`` steps and after the last, as
+    TRL (``eval_steps``) and verl (``test_freq``) evaluate (0: never)."""
+    return eval_every > 0 and (step % eval_every == 0 or step == max_steps)
+
+
+async def evaluate(config: Any, spec: RunSpec, learner: Learner, traces: Any, step: int) -> dict[str, Any]:
+    """Rollouts of the held-out rows on the weights after ``step``, scored as training scores them:
+    the step row's ``eval/*`` keys. Always the first ``eval_examples`` rows of the eval split (as TRL
+    takes them) and one seed, so an evaluation's change is the weights'. Its episodes are traced with
+    ``split: eval``; nothing trains on them."""
+    size = len(spec.eval_dataset)
+    rows = [dict(spec.eval_dataset[i]) for i in range(min(config.eval_examples or size, size))]
+    groups = await learner.start_batch(rows, {**spec.sampling_args, "seed": batch_seed(config.seed, EVAL_SEED_STEP)})
+    for group in groups:
+        traces.write_group(group, step=step, split="eval")
+    _, stats = groups_to_samples(groups, config.trainer.max_completion_length)
+    metrics = step_metrics(spec.reducer.combine(step_tallies(groups, stats, learner.weight_version)))
+    return {f"eval/{key}": metrics[key] for key in EVAL_KEYS}
 
 
 def _diverged(step: int, streak: int, result: dict[str, Any]) -> TrainingDivergedError:

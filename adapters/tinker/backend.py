@@ -29,7 +29,7 @@ from bridges.runs.backends import Backend, typed_options, typed_section_help
 from bridges.runs.config import option
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.runtime.errors import ConfigError, require_extra
-from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
+from bridges.workflows.run_loop import RunPosition, RunSpec, eval_rows, run_training
 
 LOSS_FNS = ("importance_sampling", "ppo", "cispo")
 # Tinker trains a LoRA of a given rank with its own Adam: no warmup, accumulation, KL reference,
@@ -271,7 +271,8 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         learner.sampler = await training.save_weights_and_get_sampling_client()
         sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: validate()
         spec = RunSpec(run_dir, "tinker", "tinker", base_model, env.get_dataset(), sampling_args,
-                       ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"], rows_together=env.rows_together)  # fmt: skip
+                       ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"], rows_together=env.rows_together,
+                       eval_dataset=eval_rows(config, env))  # fmt: skip
         await run_training(config, spec, learner, start)
     return 0
 

@@ -24,6 +24,7 @@ from bridges.runs.metrics import renamed
 from bridges.runs.train_config import TrainConfig, completion_budget, lora_config, shared_keys
 from bridges.runtime.errors import ConfigError, require_extra
 from bridges.runtime.launch import launched_size
+from bridges.workflows.run_loop import eval_due
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
 TRL_METRIC_NAMES = {
@@ -31,6 +32,7 @@ TRL_METRIC_NAMES = {
     "completions/mean_length": "tokens/completion_mean", "env/errored_fraction": "episodes/masked_fraction",
     "frac_reward_zero_std": "groups/zero_variance_fraction", "step_time": "timing/trl_step_s",
 }  # fmt: skip
+TRL_EVAL_METRICS = ("reward", "reward_std", "completions/mean_length", "env/errored_fraction")  # as eval/<shared>
 
 
 # TRL runs its own generation and step: no pipelining, no rollout process; its rollout_func runs each
@@ -95,6 +97,10 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
         "save_steps": max(1, config.save_every),
         "save_total_limit": config.keep_checkpoints,
         "disable_tqdm": not config.progress,
+        # eval_every: TRL's own evaluation on the eval split, every eval_steps steps (eval_dataset: run())
+        "eval_strategy": "steps" if config.eval_every > 0 else "no",
+        "eval_steps": max(1, config.eval_every),
+        "per_device_eval_batch_size": t.batch_size * t.group_size // (processes * t.grad_accum_steps),
     }
     if t.epsilon_high is not None:
         kwargs["epsilon_high"] = t.epsilon_high
@@ -136,16 +142,40 @@ def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def grpo_metric_row(rollouts_per_step: int) -> RowOf:
+def grpo_metric_row(rollouts_per_step: int, eval_every: int = 0, max_steps: int = 0) -> RowOf:
     """A GRPO training log line (the ones with a reward) as a ``metrics.jsonl`` row in the names every
-    backend shares, with ``episodes/total``, the rollouts of the step, which TRL does not log."""
+    backend shares, with ``episodes/total``, the rollouts of the step, which TRL does not log.
+
+    TRL logs an evaluation as a line of its own right after its step's line; a step that evaluates
+    (``eval_due``) is held until that line comes and written once with its ``eval/*`` keys, as the
+    shared loop writes it."""
+    held: dict[str, Any] = {}
 
     def row_of(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
+        if "eval_reward" in logs:
+            row = held.pop("row", None) or {"step": step}
+            return {**row, **{f"eval/{TRL_METRIC_NAMES.get(k[5:], k[5:])}": v for k, v in logs.items()
+                              if k.startswith("eval_") and k[5:] in TRL_EVAL_METRICS}}  # fmt: skip
         if "reward" not in logs:
             return None
-        return renamed({"step": step, "episodes/total": rollouts_per_step, **logs}, TRL_METRIC_NAMES)
+        row = renamed({"step": step, "episodes/total": rollouts_per_step, **logs}, TRL_METRIC_NAMES)
+        if eval_due(eval_every, step, max_steps):
+            held["row"] = row
+            return None
+        return row
 
     return row_of
+
+
+def eval_examples(kwargs: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """The trainer's keyword arguments with the eval split as ``eval_every``/``eval_examples`` ask: its
+    first ``eval_examples`` rows, or none at all when the run does not evaluate."""
+    if config.eval_every == 0:
+        kwargs.pop("eval_dataset", None)
+    elif config.eval_examples and "eval_dataset" in kwargs:
+        data = kwargs["eval_dataset"]
+        kwargs["eval_dataset"] = data.select(range(min(config.eval_examples, len(data))))
+    return kwargs
 
 
 def quiet_console(trainer: Any) -> None:
@@ -264,8 +294,8 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         args=args,
         processing_class=tokenizer,
         peft_config=lora_config(t),
-        callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size), logger, progress)],
-        **trl_trainer_kwargs(env, num_generations=t.group_size),
+        callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size, config.eval_every, t.max_steps), logger, progress)],
+        **eval_examples(trl_trainer_kwargs(env, num_generations=t.group_size), config),
     )
     quiet_console(trainer)
     try:

@@ -20,10 +20,15 @@ from bridges.runtime.errors import ConfigError
 ROW_FIELD = "bridges_row"
 
 
-def verl_rows(env: Environment, split: str, *, data_source: str, agent_name: str) -> list[dict[str, Any]]:
+def verl_rows(
+    env: Environment, split: str, *, data_source: str, agent_name: str, limit: int = 0
+) -> list[dict[str, Any]]:
+    """The split's rows in verl's format; ``limit`` > 0: its first ``limit`` rows (``eval_examples``)."""
     if split not in ("train", "eval"):
         raise ConfigError(f"split must be 'train' or 'eval', got '{split}'.")
     dataset = env.get_dataset() if split == "train" else env.get_eval_dataset()
+    if 0 < limit < len(dataset):
+        dataset = dataset.select(range(limit))
     rows = []
     for index, row in enumerate(dataset):
         messages = [
@@ -43,14 +48,14 @@ def verl_rows(env: Environment, split: str, *, data_source: str, agent_name: str
 
 
 def write_verl_parquet(
-    env: Environment, split: str, path: str | Path, *, data_source: str, agent_name: str
+    env: Environment, split: str, path: str | Path, *, data_source: str, agent_name: str, limit: int = 0
 ) -> Path:
-    """Write the split to ``path`` (parquet); returns the path."""
+    """Write the split (its first ``limit`` rows when > 0) to ``path`` (parquet); returns the path."""
     import pandas as pd
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(verl_rows(env, split, data_source=data_source, agent_name=agent_name)).to_parquet(path)
+    pd.DataFrame(verl_rows(env, split, data_source=data_source, agent_name=agent_name, limit=limit)).to_parquet(path)
     return path
 
 

@@ -180,6 +180,7 @@ def overrides(
         "actor_rollout_ref.rollout.agent.default_agent_loop": agent_name(config),
         "trainer.total_training_steps": t.max_steps,
         "trainer.save_freq": config.save_every if config.save_every > 0 else t.max_steps,  # 0: at the end
+        "trainer.test_freq": config.eval_every if config.eval_every > 0 else -1,  # -1: only before training
         "trainer.max_actor_ckpt_to_keep": config.keep_checkpoints or None,  # 0: keep all
         "trainer.default_local_dir": str(files["run_dir"] / "checkpoints"),
         "trainer.resume_mode": "auto" if config.resume else "disable",
@@ -228,7 +229,8 @@ def prepare(
     name = agent_name(config)
     for split in ("train", "eval"):
         files[split] = write_verl_parquet(
-            env, split, run_dir / "verl" / f"{split}.parquet", data_source=config.env, agent_name=name
+            env, split, run_dir / "verl" / f"{split}.parquet", data_source=config.env, agent_name=name,
+            limit=config.eval_examples if split == "eval" else 0,
         )
     model_path = resolve_model_path(config.model)
     layout = gpu_layout(config, cluster_gpus)

@@ -38,19 +38,20 @@ from bridges.grpo.parallel import (
 from bridges.grpo.policy import trainable_names
 from bridges.grpo.precision import DynamicLossScale, MasterWeights
 from bridges.runtime.errors import ConfigError
+from bridges.runtime.state_files import CHECKPOINT_PREFIX as _PREFIX
 from bridges.runtime.state_files import (
     flatten_optimizer,
+    intact_checkpoints,
+    list_checkpoints,
     load_tensors,
     rng_state,
     save_tensors,
     set_rng_state,
     unflatten_optimizer,
-    verify_manifest,
     write_manifest,
 )
 from bridges.workflows.run_loop import RunPosition
 
-_PREFIX = "step_"
 TRAINER_TENSORS = "trainer.safetensors"
 TRAINABLE_TENSORS = "trainable.safetensors"
 TRAINER_META = "trainer.json"
@@ -99,24 +100,6 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     barrier(world)  # [distributed] nobody goes on (or reads the checkpoint) before it is whole
     return final if world.is_main else None
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    if not directory.exists():
-        return []
-    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-
-
-def intact_checkpoints(directory: Path) -> tuple[list[Path], list[str]]:
-    """Checkpoints whose manifest verifies, newest first, and one sentence per damaged one skipped."""
-    intact, damaged = [], []
-    for path in reversed(list_checkpoints(directory)):
-        problem = verify_manifest(path)
-        if problem is None:
-            intact.append(path)
-        else:
-            damaged.append(f"checkpoint {path.name} is damaged ({problem})")
-    return intact, damaged
 
 
 def no_intact_checkpoint(directory: Path, damaged: list[str]) -> ConfigError:

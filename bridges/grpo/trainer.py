@@ -91,7 +91,7 @@ from bridges.models.token_logprobs import chunked_matches_plain
 from bridges.runs.backends import Backend
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
-from bridges.workflows.run_loop import RunPosition, RunSpec, run_training
+from bridges.workflows.run_loop import RunPosition, RunSpec, eval_rows, run_training
 from bridges.workflows.types import Group, TrainingSample
 
 # --------------------------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ async def _train(config: TrainConfig) -> int:
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
-                   rows_together=run.env.rows_together)  # fmt: skip
+                   rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env))  # fmt: skip
     finished = False
     try:
         await (

@@ -15,6 +15,7 @@ from bridges.runs.metrics import quiet_library_bars
 from bridges.runs.preflight import (
     build_environment,
     check_dataset,
+    check_eval_split,
     check_run_name,
     check_writable_folder,
     claim_run_folder,
@@ -29,6 +30,8 @@ def validate(config: TrainConfig, backend: Backend) -> Any:
     section and checks. Returns the backend's parsed options."""
     env = build_environment(config.env, config.env_args)
     check_dataset(env, "train", config.env)
+    if config.eval_every > 0:
+        check_eval_split(env, config.env)
     check_run_name(config.resolved_run_name)
     check_writable_folder(Path(config.output_dir), "output_dir")
     run_dir = Path(config.output_dir) / config.resolved_run_name

@@ -114,6 +114,9 @@ class StepProgress:
         text += f" loss={loss:.4f}" if isinstance(loss, int | float) else " loss=n/a"
         if "episodes/masked" in row:
             text += f" masked={row['episodes/masked']}"
+        evaluated = row.get("eval/reward/mean")
+        if isinstance(evaluated, int | float):
+            text += f" eval_reward={evaluated:.3f}"
         if not self.shown:
             return
         if self._bar is None:

@@ -62,6 +62,17 @@ def check_dataset(env: Any, split: str, env_id: str) -> None:
         env.rubric.check_parameters(list(dataset.column_names))
 
 
+def check_eval_split(env: Any, env_id: str) -> None:
+    """``eval_every`` evaluates on held-out rows: an environment without an eval split would evaluate on
+    its training rows (``get_eval_dataset`` falls back to them), which is no evaluation at all."""
+    if env.eval_dataset is None:
+        raise ConfigError(
+            f"eval_every is set but environment '{env_id}' has no eval split (its training rows are not held "
+            "out); build it with eval_dataset=, or set eval_every=0."
+        )
+    check_dataset(env, "eval", env_id)
+
+
 def check_model(model: str) -> None:
     """``tiny``/``tiny-<family>``, a local model folder, or something shaped like a hub id (cached when offline)."""
     from bridges.models.tiny import is_builtin_model

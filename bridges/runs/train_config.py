@@ -257,6 +257,10 @@ class TrainConfig:
     overwrite: bool = option(False, help="replace the run already in <output_dir>/<run_name>")
     save_every: int = option(0, ge=0, help="steps between checkpoints; 0 = only at the end")
     keep_checkpoints: int = option(2, ge=0, help="newest checkpoints kept; 0 = keep all")
+    eval_every: int = option(
+        0, ge=0, help="steps between evaluations on the environment's eval split (eval/* metrics); 0 = never"
+    )
+    eval_examples: int = option(0, ge=0, help="eval split rows each evaluation rolls out; 0 = all of them")
     report_to: str = option("none", choices=("none", "wandb"), help="where metrics go besides metrics.jsonl")
     progress: bool = option(True, help="a progress bar (else one line per step)")
     dry_run: bool = option(

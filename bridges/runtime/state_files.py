@@ -143,3 +143,25 @@ def verify_manifest(directory: Path) -> str | None:
         if _sha256(file) != expected.get("sha256"):
             return f"'{name}' does not match its recorded hash"
     return None
+
+
+CHECKPOINT_PREFIX = "step_"  # a checkpoint folder is <prefix><step, 6 digits>: names sort by step
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """The checkpoint folders in ``directory``, oldest first."""
+    if not directory.exists():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX))
+
+
+def intact_checkpoints(directory: Path) -> tuple[list[Path], list[str]]:
+    """Checkpoints whose manifest verifies, newest first, and one sentence per damaged one skipped."""
+    intact, damaged = [], []
+    for path in reversed(list_checkpoints(directory)):
+        problem = verify_manifest(path)
+        if problem is None:
+            intact.append(path)
+        else:
+            damaged.append(f"checkpoint {path.name} is damaged ({problem})")
+    return intact, damaged

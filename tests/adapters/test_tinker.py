@@ -282,7 +282,7 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
         "trainer.num_batches_ahead=0",  # on-policy: at lr 1e-2 a batch sampled one step behind learns far less
     ]  # fmt: skip
     sessions_before = open_tinker_sessions()  # the module's own service fixture holds one open
-    assert main([*common, "trainer.max_steps=20", "save_every=10"]) == 0
+    assert main([*common, "trainer.max_steps=20", "save_every=10", "eval_every=10", "eval_examples=4"]) == 0
     run_dir = tmp_path / "tinker"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]
@@ -290,6 +290,8 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.7 and last > 0.9, (first, last)  # measured: 0.50 -> 1.00
     assert all(math.isfinite(r["loss"]) for r in rows)
+    evaluated = [r for r in rows if "eval/reward/mean" in r]  # the held-out rows, through the same loop
+    assert [r["step"] for r in evaluated] == [10, 20] and all(r["eval/episodes/total"] == 4 * 8 for r in evaluated)
     saved = [json.loads(x) for x in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
     assert [c["step"] for c in saved] == [10, 20] and saved[-1]["data_position"] == 160
     # a new local server reads the saved files: resume continues from step 20

@@ -179,3 +179,13 @@ def test_validation_groups_that_verl_would_split_between_workers_are_one_sentenc
         run_cli(main, [*grouped, "verl.actor_rollout_ref.rollout.agent.num_workers=4", "trainer.batch_size=8",
                        "dry_run=true"])  # fmt: skip
     assert exit_info.value.code == 0 and "verl.trainer.main_ppo" in capsys.readouterr().out
+
+
+def test_verl_validates_every_eval_every_steps_on_eval_examples_rows(tmp_path: Path, monkeypatch):
+    import pandas as pd
+
+    cfg, _ = composed(tmp_path, 0, monkeypatch, "eval_every=3", "eval_examples=5")
+    assert cfg.trainer.test_freq == 3
+    assert len(pd.read_parquet(tmp_path / "verl-repeat_letter" / "verl" / "eval.parquet")) == 5
+    cfg, _ = composed(tmp_path, 0, monkeypatch, "overwrite=true")
+    assert cfg.trainer.test_freq == -1  # off: verl validates once, before training

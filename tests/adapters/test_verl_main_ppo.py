@@ -25,7 +25,9 @@ BUILDER_WARNING = "No model-specific Continuous Token builder is registered"
 
 
 @pytest.mark.slow
-def test_main_ppo_trains_two_steps_then_resumes_for_a_third(tmp_path: Path, capfd: pytest.CaptureFixture[str]):
+def test_main_ppo_trains_two_steps_then_resumes_for_a_third(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], tiny_path: Path
+):
     run = tmp_path / "r"
     assert main([*SMALL, "trainer.max_steps=2", f"output_dir={tmp_path}"]) == 0
     # verl's own output is in the run's console log; the console shows the step lines and the result
@@ -66,3 +68,16 @@ def test_main_ppo_trains_two_steps_then_resumes_for_a_third(tmp_path: Path, capf
     assert {t["provenance"]["split"] for t in traces} == {"train", "eval"}  # validation rollouts, marked
     assert all(t["provenance"]["backend"] == "verl" and t["turns"][0]["completion_ids"] for t in traces)
     assert (run / "reward_curve.png").exists()
+
+    # the trained actor leaves as one Hugging Face folder: verl's own merger over its FSDP shards
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bridges.export import main as export
+
+    assert export([f"model={run}", f"output={tmp_path / 'exported'}"]) == 0
+    assert "verl's sharded actor merged" in capfd.readouterr().out
+    exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32).named_parameters())
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).named_parameters())
+    assert exported.keys() == initial.keys()
+    assert not all(torch.equal(exported[n], initial[n]) for n in initial)  # three steps trained it

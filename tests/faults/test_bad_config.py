@@ -31,6 +31,15 @@ def load_environment(**kwargs):
     env.rubric = br.Rubric(funcs=[correct])
     return env
 """
+NO_EVAL_SPLIT = """
+from datasets import Dataset
+import bridges as br
+
+
+def load_environment():  # one split: nothing held out
+    rows = [{"question": "Say a.", "answer": "a"}] * 4
+    return br.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=br.Rubric(funcs=[lambda completion: 1.0]))
+"""
 
 TRAIN = [  # (argv, a piece of the sentence)
     (["trainer.group_size=0"], "trainer.group_size must be at least 2, got 0."),
@@ -70,6 +79,10 @@ TRAIN = [  # (argv, a piece of the sentence)
       for extra in ([], ["backend=verl"], ["backend=trl"], ["trainer.lora_rank=4"])],
     (["env=misnamed_reward"], "reward function 'correct' asks for 'response', which no rollout provides"),
     (["report_to=bogus"], "report_to must be one of none, wandb; got 'bogus'."),
+    (["eval_every=-1"], "eval_every must be at least 0, got -1."),
+    *[([*extra, "env=no_eval_split", "eval_every=5"], "environment 'no_eval_split' has no eval split")
+      for extra in ([], ["backend=trl"], ["backend=verl"])],
+    (["eval_every=5", "env_args.num_eval=0"], "environment 'repeat_letter' has an empty eval dataset"),
     (["dry_run=true", "env=repeat_leter"], "no environment 'repeat_leter' (did you mean 'repeat_letter'?)"),
     (
         ["dry_run=true", "backend=trl", "trl.learning_rat=1"],
@@ -143,6 +156,7 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     write_manifest(checkpoint)
     (tmp_path / "fullrun" / "run" / "metrics.jsonl").write_text("")
     (tmp_path / "misnamed_reward.py").write_text(MISNAMED_REWARD)  # found in the working folder
+    (tmp_path / "no_eval_split.py").write_text(NO_EVAL_SPLIT)
     monkeypatch.chdir(tmp_path)
     return {"tmp": str(tmp_path), "file": str(file), "malformed": str(malformed), "listed": str(listed),
             "fullrun": str(tmp_path / "fullrun")}  # fmt: skip
