@@ -1,6 +1,7 @@
 """The user guide holds: a short README without history, every relative link resolving (anchors too),
 a configuration reference that is what the schemas say, the guide's multi-turn example being the tested
-file, and the README's commands running (dry where they would train).
+file, the README's and the guide's commands running (dry where they would train), the guide's Python
+blocks running, and the site (mkdocs.yml, API reference included) building with no warning.
 
 ``BRIDGES_WRITE_DOCS=1 python -m pytest tests/test_docs.py`` rewrites ``docs/configuration.md``.
 """
@@ -39,10 +40,21 @@ def anchors(page: Path) -> set[str]:
     return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
 
 
+HISTORY = re.compile(r"\bissues? \d+|\bcommit [0-9a-f]{7}|\bitem \d+ of|\bnot (done|explained) yet", flags=re.I)
+
+
 def test_the_readme_is_short_and_tells_no_history():
     text = README.read_text()
     assert len(text.splitlines()) <= 200
-    assert not re.search(r"\bissues? \d+|\bcommit [0-9a-f]{7}|\bitem \d+ of", text, flags=re.I)
+    assert not HISTORY.search(text)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p != README], ids=lambda p: p.name)
+def test_no_guide_page_tells_development_history(page: Path):
+    """What the code does today; how it came to be is the CHANGELOG's (dated figures stay, with their
+    machine and command, on the benchmarks page)."""
+    found = HISTORY.search(page.read_text())
+    assert found is None, f"{page.relative_to(ROOT)}: {found.group(0) if found else ''}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
@@ -120,3 +132,83 @@ def test_the_readmes_commands_run_dry_where_they_would_train(tmp_path: Path):
         done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300, check=False)  # fmt: skip
         assert done.returncode == 0, f"{command}: {done.stderr[-1500:]}"
+
+
+GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
+DRY = {"bridges.train", "bridges.compare"}  # commands that would train: their dry run instead
+
+
+def page_commands(page: Path) -> list[tuple[str, list[str]]]:
+    """(folder, arguments) of each ``python -m bridges.*`` line of a page's bash blocks (continuations
+    joined, comments dropped; ``cd <folder> &&`` kept as the folder), less those marked ``# needs …``."""
+    picked = []
+    for block in re.findall(r"```bash\n(.*?)\n```", page.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            folder, _, command = line.rpartition("&& ") if line.startswith("cd ") else ("", "", line)
+            if command.startswith("python -m bridges.") and "# needs" not in command:
+                picked.append((folder.removeprefix("cd ").strip(), command.split("#")[0].split()[2:]))
+    return picked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [p for p in GUIDE if page_commands(p)], ids=lambda p: p.name)
+def test_every_command_of_the_guide_runs_dry_where_it_would_train(page: Path, tmp_path: Path):
+    """From a folder holding the README's ``my_env.py`` and the repository's ``examples/``: training and
+    comparing as dry runs, evaluations on 2 rows, the rest (``bridges.init``) as written. A command that
+    needs what a test cannot give (the Hub, a GPU, a key, a run made before) says so with ``# needs``."""
+    source = re.search(r"```python\n(# my_env.py\n.*?)```", README.read_text(), flags=re.S)
+    assert source is not None
+    if "env=my_env" in page.read_text():
+        (tmp_path / "my_env.py").write_text(source.group(1))
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for index, (folder, args) in enumerate(page_commands(page)):
+        if args[0] in DRY:
+            args = [*args, "dry_run=true"]
+        elif args[0] == "bridges.eval":
+            args = [*args, "num_examples=2", "rollouts_per_example=1", "progress=false", f"output={tmp_path}/eval{index}"]
+        env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path / folder, capture_output=True, text=True,
+                              timeout=300, check=False, env=env)  # fmt: skip
+        assert done.returncode == 0, f"{page.name}: {' '.join(args)}: {done.stderr[-1500:]}"
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    return [(f"{page.name}[{i}]", block) for page in GUIDE
+            for i, block in enumerate(re.findall(r"```python\n(.*?)\n```", page.read_text(), flags=re.S))]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,block", python_blocks(), ids=[name for name, _ in python_blocks()])
+def test_every_python_block_of_the_guide_compiles_and_the_complete_ones_run(name: str, block: str):
+    """A block with ``...`` placeholders is a sketch (its full version is an example or a test the page
+    names) and must at least compile; every other block runs as written, top-level ``await`` included,
+    and an environment it defines builds and passes the checks a run starts with."""
+    import ast
+    import asyncio
+    import inspect
+
+    from bridges.runs.preflight import check_dataset
+
+    code = compile(block, name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    if "..." in block:
+        return
+    namespace: dict = {"__name__": "guide_block"}
+    result = eval(code, namespace)  # noqa: S307 - the guide's own code, as a reader would run it
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
+    if "load_environment" in namespace:
+        check_dataset(namespace["load_environment"](), "train", name)
+    assert namespace.keys() - {"__name__", "__builtins__"}, f"{name} defined nothing"
+
+
+@pytest.mark.slow
+def test_the_docs_site_builds_with_no_warning(tmp_path: Path):
+    """``mkdocs build --strict`` (mkdocs.yml): any broken link or anchor, page left out of the navigation
+    or docstring the API reference cannot read fails the build; the reference renders the public API."""
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr[-3000:]
+    reference = (site / "api" / "environments" / "index.html").read_text()
+    assert "SingleTurnEnv" in reference and "env_response" in reference  # docstrings, not just names
+    assert not (site / "hooks.py").exists()
