@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bridges.runtime.errors import ConfigError, require_extra
+from bridges.runtime.errors import ConfigError, NothingTrainedError, require_extra
 
 # The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the guide's
 # docs/guide/metrics.md says what each means per backend); a backend with other native names maps them with
@@ -143,6 +143,34 @@ def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: l
         )
     files = [*written, *(["reward_curve.png"] if curve else [])]
     print(f"run written to {run_dir} ({', '.join(files)})")
+    check_something_trained(rows)
+
+
+def check_something_trained(rows: list[dict[str, Any]]) -> None:
+    """A run whose every step had nothing to learn from ends in one sentence, not exit 0: with every
+    group's rollouts earning the same reward, GRPO's advantages are all zero and the weights never
+    move, however many steps run (a newcomer's exact-match reward on a model that never matches)."""
+    steps = [r for r in rows if "reward/mean" in r]
+    if not steps or not all(_trained_nothing(r) for r in steps):
+        return
+    rewards = [r["reward/mean"] for r in steps if r.get("reward/mean") is not None]
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
+    raise NothingTrainedError(
+        f"nothing was trained in {len(steps)} steps: in every group all rollouts earned the same reward "
+        f"(mean {mean}), so none had an advantage to learn from; give the model a reward it can sometimes "
+        "earn (partial credit in the rubric), a stronger model (model=<hub id or folder>), or a warm-up with "
+        "bridges.sft (docs/guide/from-zero.md)."
+    )
+
+
+def _trained_nothing(row: dict[str, Any]) -> bool:
+    """Whether a step's row says no sample carried an advantage: the bundled trainer and Tinker count the
+    samples they trained, TRL the groups without reward spread, verl (neither) the step's reward spread."""
+    if "samples/trained" in row:
+        return row["samples/trained"] == 0
+    if row.get("groups/zero_variance_fraction") is not None:
+        return bool(row["groups/zero_variance_fraction"] >= 1.0)
+    return row.get("reward/std") == 0.0
 
 
 @contextlib.contextmanager

@@ -47,6 +47,10 @@ class TrainingDivergedError(BridgesError, RuntimeError):
     """Training produced non-finite losses or gradients several steps in a row and was stopped."""
 
 
+class NothingTrainedError(BridgesError, RuntimeError):
+    """A run ended without one step that had anything to learn from (every group's rewards equal)."""
+
+
 class JudgeError(BridgesError, RuntimeError):
     """An LLM judge timed out, failed after retries, or answered something unparseable."""
 
