@@ -102,10 +102,9 @@ def test_v1_rollouts_prints_its_figures_at_a_small_shape():
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     fields = _fields(last)
-    assert (
-        fields["bridges_rollouts_per_s"] > 0
-        and fields["native_rollouts_per_s"] > fields["bridges_rollouts_per_s"]
-    )
+    # both paths ran; which is faster is the benchmark's figure at 64 rollouts (docs/guide/benchmarks.md):
+    # at 8 rollouts and one repeat the order flips under a loaded machine (seen in a full run)
+    assert fields["bridges_rollouts_per_s"] > 0 and fields["native_rollouts_per_s"] > 0
     assert "verifiers_rollouts_per_s=n/a ratio=n/a" in last and last.endswith("program_ratio=n/a")
 
 

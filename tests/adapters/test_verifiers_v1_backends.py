@@ -211,7 +211,7 @@ def test_an_agent_on_the_bash_program_harness_trains_on_each_in_process_backend(
     monkeypatch.syspath_prepend(str(FIXTURES))
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
-    argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_bash_taskset", "progress=false",
+    argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_bash_dense_taskset", "progress=false",
             "trainer.max_steps=2", "trainer.batch_size=1", "trainer.group_size=2", "sampling.max_tokens=16",
             "run_name=bash", *extra]  # fmt: skip
     assert main(argv) == 0

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ RESULT = re.compile(r"^reward: first \d+ steps [\d.]+ -> last \d+ steps [\d.]+ o
 
 def train(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TINKER_API_KEY")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1] / "grpo" / "envs")  # bridges_test_dense_env
     return subprocess.run([sys.executable, "-m", "bridges.train", "trainer.max_steps=3", *args],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
 
@@ -46,7 +48,7 @@ def test_a_default_run_shows_its_progress_bar_and_its_result_only(backend: str, 
 
 
 def test_without_a_bar_each_step_is_one_line_and_stderr_is_empty():
-    done = train("trainer.batch_size=2", "trainer.group_size=2", "progress=false")
+    done = train("trainer.batch_size=2", "trainer.group_size=2", "progress=false", "env=bridges_test_dense_env")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr == ""
     steps = [line for line in screen_lines(done.stdout) if line.startswith("step ")]

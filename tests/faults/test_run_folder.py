@@ -12,6 +12,7 @@ from bridges.runs.config import run_cli
 from bridges.train import main
 
 SMALL = [
+    "env=bridges_test_dense_env",  # a reward every group spreads on: a run that trained nothing is an error
     "trainer.batch_size=2",
     "trainer.group_size=2",
     "sampling.max_tokens=4",

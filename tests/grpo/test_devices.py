@@ -134,7 +134,7 @@ def test_a_real_run_binds_every_worker_thread_to_the_trainers_device(tmp_path: P
     monkeypatch.setattr(asyncio, "to_thread", checking)
     config = parse_config(TrainConfig, [f"output_dir={tmp_path}", "progress=false", "trainer.device=cpu",
                                         "trainer.max_steps=2", "save_every=1", "trainer.batch_size=2",
-                                        "trainer.group_size=2"])  # fmt: skip
+                                        "trainer.group_size=2", "env=bridges_test_dense_env"])  # fmt: skip
     assert run(config) == 0
     names = {name for name, _ in seen}
     assert {"train_step", "full_state_dict", "save_checkpoint", "_run_batch"} <= names, names

@@ -75,9 +75,9 @@ def test_a_resumed_run_samples_the_resumed_weights_from_its_first_rollout(tmp_pa
     import bridges.grpo.trainer as trainer_module
 
     small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=2",
-             "save_every=1", "sampling.max_tokens=4"]  # fmt: skip
+             "save_every=1", "sampling.max_tokens=4", "env=bridges_test_dense_env", "run_name=r"]  # fmt: skip
     assert run(parse_config(TrainConfig, [*small, "trainer.max_steps=2"])) == 0
-    resumed = load_file(str(tmp_path / "grpo-repeat_letter" / "checkpoints" / "step_000002" / "trainable.safetensors"))
+    resumed = load_file(str(tmp_path / "r" / "checkpoints" / "step_000002" / "trainable.safetensors"))
     seen: list[dict[str, torch.Tensor]] = []
     make_engine = trainer_module.make_engine
 
@@ -101,15 +101,18 @@ def test_a_resumed_run_samples_the_resumed_weights_from_its_first_rollout(tmp_pa
 
 @pytest.mark.slow
 def test_a_checkpoint_resumes_under_another_number_of_processes_and_refuses_another_strategy(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
     from bridges.train import main
 
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "envs"))  # the processes it starts import the env
+
     small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=2",
-             "save_every=1", "sampling.max_tokens=4", "trainer.device=cpu"]  # fmt: skip
+             "save_every=1", "sampling.max_tokens=4", "trainer.device=cpu", "env=bridges_test_dense_env",
+             "run_name=r"]  # fmt: skip
     assert main([*small, "trainer.max_steps=1"]) == 0
     assert main([*small, "trainer.max_steps=2", "resume=true", "trainer.num_processes=2"]) == 0
-    rows = [json.loads(x) for x in (tmp_path / "grpo-repeat_letter" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:

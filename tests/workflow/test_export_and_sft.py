@@ -109,7 +109,7 @@ def test_sft_trains_resumes_and_writes_a_model_the_other_clis_load(rollouts: Pat
     )
     from bridges.train import main as train
 
-    args = ["env=guess_number", f"model={run / 'final'}", f"output_dir={tmp_path}", "run_name=rl", "progress=false",
+    args = ["env=bridges_test_dense_env", f"model={run / 'final'}", f"output_dir={tmp_path}", "run_name=rl", "progress=false",
             "trainer.max_steps=1", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]  # fmt: skip
     assert train(args) == 0
 
