@@ -173,7 +173,7 @@ def test_every_command_of_the_guide_runs_dry_where_it_would_train(page: Path, tm
 
 
 def python_blocks() -> list[tuple[str, str]]:
-    return [(f"{page.name}[{i}]", block) for page in GUIDE
+    return [(f"{page.name}[{i}]", block) for page in [README, *GUIDE]
             for i, block in enumerate(re.findall(r"```python\n(.*?)\n```", page.read_text(), flags=re.S))]  # fmt: skip
 
 

@@ -52,6 +52,8 @@ def export_model(config: ExportConfig) -> int:
         raise ConfigError("give output=<folder> for the exported model.")
     output = _claim_output(Path(config.output), config.overwrite)
     source, kind = find_trained_model(Path(config.model).expanduser())
+    if output.resolve() == source.resolve() or output.resolve() in source.resolve().parents:
+        raise ConfigError(f"output={output} holds the model being exported ({source}); name another folder.")
     staging = output.with_name(output.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     try:

@@ -31,7 +31,9 @@ from bridges.runtime.launch import free_port  # noqa: E402
 pytest.importorskip("verl")
 pytestmark = pytest.mark.usefixtures("ray_alone")  # every test here starts or joins a Ray cluster
 SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8",
-         "progress=false", "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical  # fmt: skip
+         "progress=false", "env=bridges_test_dense_env",  # a reward every group spreads on: one that trains nothing is an error
+         "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical (last: SMALL[:-1] drops it)  # fmt: skip
+ENVS = str(Path(__file__).parents[1] / "grpo" / "envs")  # where every raylet's workers import it from
 
 
 # Ray gives its GCS ~20 s to answer a starting head; two heads starting at once on a loaded 2-core
@@ -56,7 +58,8 @@ def two_raylets(head_gpus: int, worker_gpus: int) -> Iterator[dict[str, str]]:
     mark = f"BRIDGES_TEST_CLUSTER={uuid.uuid4().hex}"
     root = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
     port = free_port()
-    env = {**os.environ, **GCS_WAIT, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1]}
+    env = {**os.environ, **GCS_WAIT, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1],
+           "PYTHONPATH": ENVS}  # fmt: skip
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     try:
         subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", str(head_gpus),
@@ -93,7 +96,7 @@ def test_verl_on_a_two_raylet_cluster_loads_the_plugin_on_both(cluster: dict[str
     nodes = {n for n in loaded if n != "driver"}
     assert len(nodes) == 2, loaded  # workers on the head and on the second raylet loaded it
     assert {p.read_text() for p in marks.iterdir()} == {"1"}  # BRIDGES_VERL_CPU reached each of them
-    run = tmp_path / "runs" / "verl-repeat_letter"
+    run = tmp_path / "runs" / "verl-bridges_test_dense_env"
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     traces = [json.loads(x) for x in (run / "traces.jsonl").read_text().splitlines()]
     assert sum(t["provenance"]["split"] == "train" for t in traces) == 2 * 2 * 4

@@ -14,7 +14,8 @@ from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
 
 SMALL = ["backend=verl", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8", "save_every=1",
-         "run_name=r", "progress=false"]  # fmt: skip
+         "run_name=r", "progress=false", "env=bridges_test_dense_env"]  # fmt: skip
+ENVS = Path(__file__).parents[1] / "grpo" / "envs"  # bridges_test_dense_env: a reward every group spreads on
 
 
 def lines(path: Path) -> list[dict]:
@@ -26,8 +27,9 @@ BUILDER_WARNING = "No model-specific Continuous Token builder is registered"
 
 @pytest.mark.slow
 def test_main_ppo_trains_two_steps_then_resumes_for_a_third(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], tiny_path: Path
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], tiny_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    monkeypatch.setenv("PYTHONPATH", str(ENVS))  # verl's processes and Ray's workers import the environment
     run = tmp_path / "r"
     assert main([*SMALL, "trainer.max_steps=2", f"output_dir={tmp_path}"]) == 0
     # verl's own output is in the run's console log; the console shows the step lines and the result

@@ -119,11 +119,13 @@ def test_refusals_are_one_sentence_and_leave_no_folder(runs: Path, tmp_path: Pat
         ([f"model={tmp_path / 'nowhere'}", f"output={out_dir}"], "is not a folder"),
         ([f"model={tmp_path}", f"output={out_dir}"], "found no trained model under"),
         ([f"model={runs / 'full'}", f"output={runs / 'lora'}"], "already exists; pass overwrite=true"),
+        ([f"model={runs / 'full'}", f"output={runs / 'full'}", "overwrite=true"], "holds the model being exported"),
     ]
     for args, sentence in cases:
         code, out = export(args, capsys)
         assert code == 2 and sentence in out and len(out.strip().splitlines()) == 1, (args, out)
         assert not out_dir.exists() and not (tmp_path / "out.tmp").exists()
+    assert (runs / "full" / "checkpoints").is_dir()  # overwrite=true on the run itself deleted nothing
     # the Hub unreachable: the local copy is kept and the sentence says so
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
     code, out = export([f"model={runs / 'full'}", f"output={out_dir}", "push_to_hub=someone/model"], capsys)
