@@ -153,6 +153,12 @@ def check_something_trained(rows: list[dict[str, Any]]) -> None:
     steps = [r for r in rows if "reward/mean" in r]
     if not steps or not all(_trained_nothing(r) for r in steps):
         return
+    if all(r.get("episodes/masked_fraction") == 1.0 for r in steps):
+        raise NothingTrainedError(
+            f"nothing was trained in {len(steps)} steps: every rollout was masked (each trace's stop_reason and "
+            "error in traces.jsonl say why: an environment error, a failed reward, a timeout), so there was "
+            "nothing to learn from; see docs/guide/troubleshooting.md."
+        )
     rewards = [r["reward/mean"] for r in steps if r.get("reward/mean") is not None]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "n/a"
     raise NothingTrainedError(

@@ -23,6 +23,22 @@ def load_environment():
 """
 
 
+ALWAYS_RAISES = """
+from datasets import Dataset
+import bridges as br
+
+
+class Broken(br.MultiTurnEnv):
+    async def env_response(self, messages, state):
+        raise RuntimeError("no turn for you")
+
+
+def load_environment():
+    rows = [{"question": f"Say {c}.", "answer": c} for c in "abcd"]
+    return Broken(dataset=Dataset.from_list(rows), rubric=br.Rubric(funcs=[lambda completion: 1.0]), max_turns=3)
+"""
+
+
 @pytest.mark.parametrize("backend", ["grpo", "trl"])
 def test_a_run_that_trained_nothing_is_one_sentence_and_exit_2(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -55,3 +71,21 @@ def test_one_step_with_something_to_learn_is_enough():
         check_something_trained([{"step": 1, "reward/mean": 0.0, "reward/std": 0.0}])
     check_something_trained([{"step": 1, "reward/mean": 0.2, "reward/std": 0.1}])
     check_something_trained([])  # no step ran: nothing to judge
+    masked = {"reward/mean": None, "samples/trained": 0, "episodes/masked_fraction": 1.0}
+    with pytest.raises(NothingTrainedError, match="every rollout was masked"):
+        check_something_trained([{"step": 1, **masked}, {"step": 2, **masked}])
+
+
+def test_a_run_whose_every_rollout_fails_says_so(tmp_path: Path, monkeypatch, capsys):
+    from bridges.train import main
+
+    (tmp_path / "always_raises.py").write_text(ALWAYS_RAISES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["env=always_raises", f"output_dir={tmp_path}", "run_name=r", "progress=false", "trainer.max_steps=2",
+            "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(main, args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: nothing was trained in 2 steps: every rollout was masked")
+    traces = [json.loads(x) for x in (tmp_path / "r" / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 8 and all(t["stop_reason"] == "env_error" and "no turn for you" in t["error"] for t in traces)
