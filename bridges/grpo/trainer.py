@@ -1,7 +1,7 @@
 """The bundled async GRPO trainer: ``python -m bridges.train backend=grpo`` (the default backend).
 
 Read top to bottom: setup, one training step, the run. The loop itself (data order, the pipeline of
-batches generated ahead, traces, metrics, save cadence, the non-finite guard) is
+batches generated ahead, traces, metrics, save cadence, held-out evaluation, the non-finite guard) is
 ``workflows.run_loop``, shared with the Tinker backend, so the two cannot drift apart. The lines
 that exist only for several processes are marked ``[distributed]``; with one process they do nothing.
 
