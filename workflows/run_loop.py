@@ -158,7 +158,13 @@ async def run_training(
 def eval_rows(config: Any, env: Any) -> Any:
     """The held-out rows ``eval_every`` evaluates on (None when it is off; validation refused a run
     whose environment has none)."""
-    return env.get_eval_dataset() if config.eval_every > 0 else None
+    return held_out_rows(env.get_eval_dataset(), config.eval_examples) if config.eval_every > 0 else None
+
+
+def held_out_rows(dataset: Any, eval_examples: int) -> Any:
+    """The rows every backend evaluates on: the eval split's first ``eval_examples`` (all with 0), so the
+    shared loop, TRL's evaluation and verl's validation roll out the same rows."""
+    return dataset.select(range(eval_examples)) if 0 < eval_examples < len(dataset) else dataset
 
 
 def eval_due(eval_every: int, step: int, max_steps: int) -> bool:
@@ -169,11 +175,10 @@ def eval_due(eval_every: int, step: int, max_steps: int) -> bool:
 
 async def evaluate(config: Any, spec: RunSpec, learner: Learner, traces: Any, step: int) -> dict[str, Any]:
     """Rollouts of the held-out rows on the weights after ``step``, scored as training scores them:
-    the step row's ``eval/*`` keys. Always the first ``eval_examples`` rows of the eval split (as TRL
-    takes them) and one seed, so an evaluation's change is the weights'. Its episodes are traced with
-    ``split: eval``; nothing trains on them."""
-    size = len(spec.eval_dataset)
-    rows = [dict(spec.eval_dataset[i]) for i in range(min(config.eval_examples or size, size))]
+    the step row's ``eval/*`` keys. Always the same rows (``eval_rows``) and one seed, so an
+    evaluation's change is the weights'. Its episodes are traced with ``split: eval``; nothing trains
+    on them."""
+    rows = [dict(row) for row in spec.eval_dataset]
     groups = await learner.start_batch(rows, {**spec.sampling_args, "seed": batch_seed(config.seed, EVAL_SEED_STEP)})
     for group in groups:
         traces.write_group(group, step=step, split="eval")

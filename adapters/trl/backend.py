@@ -24,7 +24,7 @@ from bridges.runs.metrics import renamed
 from bridges.runs.train_config import TrainConfig, completion_budget, lora_config, shared_keys
 from bridges.runtime.errors import ConfigError, require_extra
 from bridges.runtime.launch import launched_size
-from bridges.workflows.run_loop import eval_due
+from bridges.workflows.run_loop import eval_due, held_out_rows
 
 # GRPOTrainer's log keys under the names every backend uses (its own other keys pass through)
 TRL_METRIC_NAMES = {
@@ -172,9 +172,8 @@ def eval_examples(kwargs: dict[str, Any], config: TrainConfig) -> dict[str, Any]
     first ``eval_examples`` rows, or none at all when the run does not evaluate."""
     if config.eval_every == 0:
         kwargs.pop("eval_dataset", None)
-    elif config.eval_examples and "eval_dataset" in kwargs:
-        data = kwargs["eval_dataset"]
-        kwargs["eval_dataset"] = data.select(range(min(config.eval_examples, len(data))))
+    elif "eval_dataset" in kwargs:
+        kwargs["eval_dataset"] = held_out_rows(kwargs["eval_dataset"], config.eval_examples)
     return kwargs
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from bridges.envs.base import Environment
 from bridges.envs.messages import to_message_dicts
 from bridges.runtime.errors import ConfigError
+from bridges.workflows.run_loop import held_out_rows
 
 ROW_FIELD = "bridges_row"
 
@@ -23,12 +24,11 @@ ROW_FIELD = "bridges_row"
 def verl_rows(
     env: Environment, split: str, *, data_source: str, agent_name: str, limit: int = 0
 ) -> list[dict[str, Any]]:
-    """The split's rows in verl's format; ``limit`` > 0: its first ``limit`` rows (``eval_examples``)."""
+    """The split's rows in verl's format; ``limit`` > 0: the eval split's first ``limit`` rows
+    (``eval_examples``, the rows every backend evaluates on)."""
     if split not in ("train", "eval"):
         raise ConfigError(f"split must be 'train' or 'eval', got '{split}'.")
-    dataset = env.get_dataset() if split == "train" else env.get_eval_dataset()
-    if 0 < limit < len(dataset):
-        dataset = dataset.select(range(limit))
+    dataset = env.get_dataset() if split == "train" else held_out_rows(env.get_eval_dataset(), limit)
     rows = []
     for index, row in enumerate(dataset):
         messages = [
@@ -50,7 +50,7 @@ def verl_rows(
 def write_verl_parquet(
     env: Environment, split: str, path: str | Path, *, data_source: str, agent_name: str, limit: int = 0
 ) -> Path:
-    """Write the split (its first ``limit`` rows when > 0) to ``path`` (parquet); returns the path."""
+    """Write the split (the eval split's first ``limit`` rows when > 0) to ``path`` (parquet); returns the path."""
     import pandas as pd
 
     path = Path(path)

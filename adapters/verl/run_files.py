@@ -68,28 +68,29 @@ def _trainable(line: dict[str, Any]) -> bool:
     return is_trainable(line.get("error"), line.get("stop_reason"), line.get("reward"), tokens)
 
 
-def _reward_rows(run_dir: Path, evaluation: bool = False) -> dict[int, dict[str, Any]]:
-    """The reward figures of each step's rollouts; ``evaluation``: of verl's validations instead, under
-    ``eval/`` on the row of the step whose weights they sampled (a trace's step is one past those; the
-    validation before training, on step 0's weights, has no row)."""
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The reward figures of each step's rollouts, and under ``eval/`` those of verl's validations, on
+    the row of the step whose weights they sampled (a trace's step is one past those; the validation
+    before training, on step 0's weights, has no row). ``traces.jsonl`` is read once for both."""
+    by_step: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     path = run_dir / "traces.jsonl"
     if path.exists():
         for line in read_traces(path):
             provenance = line.get("provenance") or {}
             step = provenance.get("step")
-            if isinstance(step, int) and (provenance.get("split") == "eval") == evaluation:
-                by_step[step - 1 if evaluation else step].append(line)
-    rows = {}
-    for step, lines in by_step.items():
+            if isinstance(step, int):
+                evaluation = provenance.get("split") == "eval"
+                by_step[(step - 1, "eval/") if evaluation else (step, "")].append(line)
+    rows: dict[int, dict[str, Any]] = defaultdict(dict)
+    for (step, prefix), lines in by_step.items():
         valid = [x for x in lines if _trainable(x)]
         rewards = [float(x["reward"]) for x in valid]
         mean = sum(rewards) / len(rewards) if rewards else None
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if mean is not None else None
         masked = len(lines) - len(valid)
-        row = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
-               "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}  # fmt: skip
-        rows[step] = {f"eval/{k}": v for k, v in row.items()} if evaluation else row
+        figures = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
+                   "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}  # fmt: skip
+        rows[step].update({f"{prefix}{k}": v for k, v in figures.items()})
     return rows
 
 
@@ -100,7 +101,7 @@ def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
 
     path = run_dir / "metrics.jsonl"
     rows = [r for r in read_metric_rows(path) if r.get("step", 0) <= resume_step]
-    rewards, evaluations = _reward_rows(run_dir), _reward_rows(run_dir, evaluation=True)
+    rewards = _reward_rows(run_dir)
     native = run_dir / NATIVE_METRICS
     for line in native.read_text().splitlines() if native.exists() else []:
         try:
@@ -110,7 +111,7 @@ def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
         step = int(entry.get("step", 0))
         if step > resume_step and isinstance(entry.get("data"), dict):
             data = {k: v for k, v in renamed(entry["data"], VERL_METRIC_NAMES).items() if _plain(v)}
-            rows.append({"step": step, **data, **rewards.get(step, {}), **evaluations.get(step, {})})
+            rows.append({"step": step, **data, **rewards.get(step, {})})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
