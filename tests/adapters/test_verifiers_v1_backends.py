@@ -58,6 +58,9 @@ def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
     monkeypatch.syspath_prepend(str(FIXTURES))
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
+    # TRL's rollouts are not reproducible here: a second reward that always spreads, so a run never
+    # trains nothing by chance (the other backends are seeded, and check that the reward is the hits)
+    extra += ["env_args.dense=true"] if backend == "trl" else []
     argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_duel_taskset", "env_args.rounds=1",
             "progress=false", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2",
             "sampling.max_tokens=6", "run_name=duel", *extra]  # fmt: skip
