@@ -14,7 +14,9 @@ tiny model on the hf engine, ``EngineClient``), all rollouts in flight at once:
 - (d, e) the agent on verifiers' ``bash`` program harness instead, its ``uv`` program per rollout on the
   ``subprocess`` runtime: through rl-bridges (``V1Environment``, ``v1_programs``) and through verifiers'
   own path (needs uv; the first of each warms uv and is not timed).
-Each figure is the median of ``--repeats`` runs in this process. Last line:
+Each run is one event loop, whose first rollout on each path is not timed (it opens that loop's
+serving, or warms uv): what a training run, which keeps its loop, pays per rollout. Each figure is
+the median of ``--repeats`` runs in this process. Last line:
 ``bridges_rollouts_per_s=<b> verifiers_rollouts_per_s=<a> ratio=<b/a> native_rollouts_per_s=<c>
 program_bridges_rollouts_per_s=<d> program_verifiers_rollouts_per_s=<e> program_ratio=<d/e>``
 (verifiers' and the program figures ``n/a`` without uv). Goal: ratio ≥ 1; program_ratio ≥ 1.
@@ -32,13 +34,14 @@ from typing import Any
 
 
 async def ours(env: Any, client: Any, count: int) -> float:
-    from bridges.workflows.rollouts import run_group
+    """``count`` rollouts of ``env`` at once, launched as every backend launches a batch (``run_groups``:
+    a seed per row, the rollout-time collector policy)."""
+    from bridges.workflows.rollouts import run_group, run_groups
 
     rows = [dict(env.get_dataset()[i % 64]) for i in range(count)]
+    await run_group(env, rows[0], client, 1, {"seed": count}, model="tiny")  # opens the loop's serving: not timed
     started = time.perf_counter()
-    groups = await asyncio.gather(
-        *[run_group(env, row, client, 1, {"seed": i}, model="tiny") for i, row in enumerate(rows)]
-    )
+    groups = await run_groups(env, rows, client, 1, {"seed": 0}, model="tiny")
     elapsed = time.perf_counter() - started
     assert all(g.states[0].error is None for g in groups), [g.states[0].error for g in groups][:1]
     return count / elapsed

@@ -1,4 +1,4 @@
-"""The model endpoint a verifiers v1 rollout calls: our engine, answering on loopback, one ledger per session.
+"""The model endpoint a verifiers v1 rollout calls: our engine, one ledger per session.
 
 verifiers v1 answers every model call of a rollout inside its interception server, which hands the
 request to a client chosen only by config type. Of the two honest ways in — serve the vLLM-style
@@ -8,7 +8,9 @@ request to a client chosen only by config type. Of the two honest ways in — se
 rollout's trace id as ``X-Session-ID``, ``EngineClient`` samples it with its token ledger, and the
 response (token ids, logprobs) is kept under that session. The rollout then reads exactly the ids the
 engine sampled, whatever text verifiers' hooks later served to the agent. A per-rollout session keyed
-by a header is also the seam agents in other programs use.
+by a header is also the seam agents in other programs use. Where verifiers runs one interception
+server (our default), its upstream hop reaches ``answer`` in-process (``v1_relay``); the HTTP route
+serves its pools of servers.
 
 The endpoint runs in the rollout's own event loop (aiohttp), binds 127.0.0.1
 only, and requires a bearer secret it makes itself (compared in constant time). Sessions live under
@@ -122,18 +124,25 @@ class SessionEndpoint:
             return _error(web, 413, f"the request body is larger than {MAX_BODY_BYTES} bytes.")
         except SessionRefusal as refusal:
             return _error(web, refusal.status, refusal.message)
-        episode = body.pop(EPISODE_KEY, None)
-        if not isinstance(episode, str) or episode not in self.episodes:
-            return _error(web, 404, f"the call names no episode being served ('{EPISODE_KEY}'; an ended one's).")
-        try:
-            session = self._session(episode, request.headers.get(SESSION_HEADER, ""), client, body)
-        except SessionRefusal as refusal:
-            return _error(web, refusal.status, refusal.message)
-        status, error, response = await answer_chat(session, body)
+        status, error, response = await self.answer(client, body, request.headers.get(SESSION_HEADER, ""))
         if error is not None:
             return web.json_response(error, status=status)
         reply = chat_reply(response, body)  # a program harness's client streams (verifiers 0.4's)
         return web.Response(body=reply.body, content_type=reply.content_type)
+
+    async def answer(self, client: Any, body: dict[str, Any], session_id: str) -> tuple[int, dict[str, Any] | None, Any]:
+        """One Chat Completions call of ``client``'s, named by its body's episode and ``session_id``,
+        whichever transport carried it (this endpoint's HTTP route, or ``v1_relay`` in-process): (HTTP
+        status, error JSON or None, the response). Takes ``EPISODE_KEY`` out of ``body``."""
+        episode = body.pop(EPISODE_KEY, None)
+        if not isinstance(episode, str) or episode not in self.episodes:
+            message = f"the call names no episode being served ('{EPISODE_KEY}'; an ended one's)."
+            return 404, SessionRefusal(404, message, "unknown_episode").body(), None
+        try:
+            session = self._session(episode, session_id, client, body)
+        except SessionRefusal as refusal:
+            return refusal.status, refusal.body(), None
+        return await answer_chat(session, body)
 
     def _session(self, episode: str, key: str, client: Any, body: dict[str, Any]) -> Session:
         """The episode's session named ``key``, opened on its first call (verifiers sends each call with

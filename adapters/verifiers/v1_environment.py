@@ -3,7 +3,8 @@
 Each rollout is one verifiers episode run by verifiers' own machinery — ``Env.serving``,
 ``Env.run_slot`` (so ``setup``/``run``/``finalize``), the task's hooks and ``@vf.reward``/``@vf.metric``
 scoring, its interception server — with every model call answered by the backend's ``EngineClient``
-on a loopback endpoint that records the sampled ids per agent trace (``v1_endpoint``). Agents on
+through an endpoint that records the sampled ids per agent trace (``v1_endpoint``), which the
+interception server asks in-process (``v1_relay``). Agents on
 verifiers' ``null`` harness run in this process (``v1_seat``).
 
 Several agents (self-play seats, proposer and solver, a modeled user): a dataset row is one task × one

@@ -7,7 +7,10 @@ validated by the environment's own pydantic models. The environment's defaults s
 this process runs itself: an agent whose harness is verifiers' ``null`` runs in-process (``v1_seat``),
 so it needs no runtime. An agent on a program harness that needs no container (``bash``, verifiers'
 default) runs its program on verifiers' ``subprocess`` runtime (``v1_programs``); one that needs a
-container is refused naming the setting that changes it.
+container is refused naming the setting that changes it. The interception is verifiers' single
+``server`` shape unless ``env_args.interception`` names another: these harnesses all run on this host,
+where one server multiplexes every rollout (verifiers' default pool grows servers to spread remote
+tunnels), and a single server's model calls are answered in-process (``v1_relay``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def load_v1_environment(module: ModuleType, **env_args: Any) -> Any:
     make_visible(module)
     data = _null_harness_named(copy.deepcopy(env_args))
     data["taskset"] = {**dict(data.get("taskset") or {}), "id": taskset_id}
+    data.setdefault("interception", {"type": "server"})  # one server, its upstream in-process (v1_relay)
     config = _resolve(taskset_id, data)
     programs = [_seat(taskset_id, name, spec, data) for name, spec in _agents(config).items()]
     config = _resolve(taskset_id, data)

@@ -1,8 +1,8 @@
 """Agents on a verifiers *program* harness (``bash`` and the like), run on verifiers' ``subprocess`` runtime.
 
 A program harness runs the agent as a program (a PEP 723 ``uv`` script) beside the episode; its model
-calls go through verifiers' interception server to the episode's ``EvalClient``, which here points at
-our per-episode endpoint (``v1_endpoint``), so every call is answered by the backend's engine and
+calls go through verifiers' interception server to our per-episode endpoint (``v1_endpoint``, reached
+in-process through ``v1_relay``), so every call is answered by the backend's engine and
 recorded with its sampled ids, as an agent on the in-process seat is. What the seat does in-process,
 verifiers does here with its own program, its own tools (``bash``, ``edit``) and its own runtime.
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from pydantic_core import from_json, to_json
+
 from bridges.adapters.verifiers.v1_tools import open_toolbox
 from bridges.runtime.errors import require_extra
 
@@ -30,8 +32,9 @@ SEAT_ID = "bridges_seat"
 MAX_CALLS = 64  # chat calls per agent rollout; the endpoint caps a session as well
 
 
-# one HTTP client per event loop (building one builds a TLS context, ~40 ms), shared by every serving
-# open in that loop: each serving holds it while open, and the last to close closes it
+# one HTTP client per event loop, shared by every serving open in that loop: each serving holds it
+# while open, and the last to close closes it. aiohttp's, not httpx's: httpx's pool checks every open
+# connection on each request, and with rollouts in flight together that cost more than the call.
 _http_clients: dict[int, tuple[Any, int]] = {}
 
 
@@ -45,10 +48,14 @@ def hold_http_client() -> None:
     """A serving of the running loop opens: make the loop's client, or count one more holder."""
     import asyncio
 
-    import openai
+    import aiohttp
 
     key = id(asyncio.get_running_loop())
-    client, holders = _http_clients.get(key) or (openai.DefaultAsyncHttpxClient(), 0)
+    if key in _http_clients:
+        client, holders = _http_clients[key]
+    else:  # no bound on connections (the rollouts' own bound holds) or on time (the episode's holds)
+        connector = aiohttp.TCPConnector(limit=0)
+        client, holders = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout()), 0
     _http_clients[key] = (client, holders + 1)
 
 
@@ -62,7 +69,7 @@ async def release_http_client() -> None:
         _http_clients[key] = (client, holders - 1)
         return
     del _http_clients[key]
-    await client.aclose()
+    await client.close()
 
 
 def register() -> None:
@@ -80,20 +87,23 @@ async def _chat(url: str, auth: dict[str, str], body: dict[str, Any]) -> dict[st
     Why not the OpenAI SDK, as the null program uses: its request path (parameter transforms, request
     and response models) cost a third of a rollout's CPU here, and this loop reads three fields.
     """
-    response = await _http_client().post(url, json=body, headers=auth)
+    headers = {**auth, "Content-Type": "application/json"}
+    async with _http_client().post(url, data=to_json(body), headers=headers) as response:
+        status, raw = response.status, await response.read()
     try:
-        payload = response.json()
+        payload = from_json(raw)
     except ValueError:
         payload = None
-    if response.status_code != 200 or not isinstance(payload, dict):
+    text = raw[:300].decode(errors="replace")
+    if status != 200 or not isinstance(payload, dict):
         error = payload.get("error") if isinstance(payload, dict) else None
-        said = error.get("message") if isinstance(error, dict) else response.text[:300]
-        raise SeatCallFailed(f"the model call was answered {response.status_code}: {said}")
+        said = error.get("message") if isinstance(error, dict) else text
+        raise SeatCallFailed(f"the model call was answered {status}: {said}")
     try:
         message = payload["choices"][0]["message"]
         return {k: v for k, v in message.items() if v is not None}
     except (KeyError, IndexError, TypeError, AttributeError):
-        raise SeatCallFailed(f"the model call's reply has no choices[0].message: {response.text[:300]}") from None
+        raise SeatCallFailed(f"the model call's reply has no choices[0].message: {text}") from None
 
 
 class InProcessChatConfig(vf.HarnessConfig):

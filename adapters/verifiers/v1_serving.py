@@ -46,8 +46,13 @@ class Serving:
         from verifiers.v1.clients import ModelContext
         from verifiers.v1.configs.client import EvalClientConfig
 
+        from bridges.adapters.verifiers.v1_relay import install
+
         url = self.endpoint.url_for(client)
         config = EvalClientConfig(base_url=url, api_key_var=self.key_var)
+        # the env's live interception (verifiers keeps it on the env while serving() is open, and
+        # offers no other handle): its upstream hop answered in-process (v1_relay)
+        install(self.vf_env._interception, config, self.endpoint, client)
         return ModelContext(model, config, sampling)
 
     async def __aenter__(self) -> Serving:

@@ -1,7 +1,7 @@
 """verifiers v1 tasksets run through verifiers' own machinery with our engine; under 0.3.x and 0.4.x.
 
 The bundled ``repeat_letter_taskset`` is the embedded default task written the v1 way: rolled out
-through ``Env.run_slot``, verifiers' interception server and its ``EvalClient``, it must sample exactly
+through ``Env.run_slot`` and verifiers' interception server (its upstream hop in-process), it must sample exactly
 what ``repeat_letter`` samples on the same rows and seeds — the same ids, logprobs and rewards — and
 every sample must hold the sampled ids (0 drift, 0 ledger breaks). CI runs this file under both
 verifiers releases (``.ci/verifiers-0.4``).
