@@ -24,14 +24,17 @@ from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import from_json
-from verifiers.v1.clients import Client
-from verifiers.v1.clients.client import RelayReply
-from verifiers.v1.errors import model_error
-from verifiers.v1.interception import InterceptionServer
 
 from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
 from bridges.agents.session_routes import chat_reply
 from bridges.client.http_bodies import response_bytes
+from bridges.runtime.errors import require_extra
+
+require_extra("verifiers", "verifiers", "verifiers v1 tasksets")  # one sentence when it is missing
+from verifiers.v1.clients import Client  # noqa: E402
+from verifiers.v1.clients.client import RelayReply  # noqa: E402
+from verifiers.v1.errors import model_error  # noqa: E402
+from verifiers.v1.interception import InterceptionServer  # noqa: E402
 
 CHAT_PATH = "/chat/completions"  # the upstream path of verifiers' chat dialect; the endpoint answers no other
 _SSE_EVENT = re.compile(rb"(?<=\n\n)")  # our streams end every event with one blank line

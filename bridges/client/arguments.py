@@ -187,10 +187,11 @@ def check_messages(messages: list[Any], path: str) -> None:
     """Every message has a known role, text content and readable tool calls, or a 400 naming the field.
 
     On every call's hot path: a plain dict with a known role and ASCII text and no tool calls (most
-    messages) is accepted after three lookups; anything else takes the full check.
+    messages; ``"tool_calls": None``, as verifiers writes its replies, is none) is accepted after
+    three lookups; anything else takes the full check.
     """
     for i, message in enumerate(messages):
-        if type(message) is dict and message.get("role") in _ROLE_SET and "tool_calls" not in message:
+        if type(message) is dict and message.get("role") in _ROLE_SET and message.get("tool_calls") is None:
             content = message.get("content")
             if type(content) is str and content.isascii():
                 continue
