@@ -1,9 +1,10 @@
 """verifiers v1 rollouts per second: through rl-bridges against verifiers' own evaluation path.
 
-    python benchmarks/v1_rollouts.py [--rollouts 64] [--repeats 3]
+    python benchmarks/v1_rollouts.py [--rollouts 64] [--repeats 3] [--model tiny]
 
 One offline taskset (the bundled ``repeat_letter_taskset``, six-token replies) and one engine (the
-tiny model on the hf engine, ``EngineClient``), all rollouts in flight at once:
+tiny model on the hf engine, ``EngineClient``; ``--model tiny-qwen2.5`` puts Qwen2.5's 151,936-word
+head on it, whose forward pass costs what a small real model's does), all rollouts in flight at once:
 - (a) verifiers' own evaluation path: its ``Env.serving``/``run_slot`` with the agent on its ``null``
   harness as verifiers runs it — one program per rollout in the ``subprocess`` runtime (through ``uv``,
   which must be on PATH with the package index reachable; the first rollout warms uv's cache and is
@@ -87,14 +88,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="tiny", help="the engine's model: tiny, or a tiny-<family> with a real vocabulary")
     args = parser.parse_args()
     from bridges.adapters.hf import HFEngine
     from bridges.client import EngineClient
     from bridges.envs.registry import load_environment
-    from bridges.models.tiny import tiny_model_path
+    from bridges.models.tiny import resolve_model_path
     from bridges.server.app import serve_in_thread
 
-    client = EngineClient(HFEngine.from_pretrained(str(tiny_model_path())), model_name="tiny")
+    client = EngineClient(HFEngine.from_pretrained(resolve_model_path(args.model)), model_name="tiny")
     v1, native = load_environment("repeat_letter_taskset"), load_environment("repeat_letter")
     program = load_environment("repeat_letter_taskset", agent={"harness": {"id": "bash"}}) if shutil.which("uv") else None
     f: dict[str, list[float]] = {"bridges": [], "verifiers": [], "native": [], "program_bridges": [],
