@@ -129,13 +129,12 @@ class VerifiersEnvironment(Environment):
             self._on_sessions = wrapper(client) if wrapper is not None else client
         return self._on_sessions
 
-    async def rollout(
-        self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
-    ) -> State:
+    async def run_episode(
+        self, row: dict[str, Any], state: State, client: Any, model: str, args: dict[str, Any]
+    ) -> None:
+        """verifiers' own rollout on a session of this rollout's (module doc)."""
         from bridges.envs.multiturn import turn_from_response
 
-        started = time.perf_counter()
-        state = self.init_state(row)
         vf_input = {
             "prompt": state.prompt,
             "answer": state.answer,
@@ -144,7 +143,6 @@ class VerifiersEnvironment(Environment):
         }
         if self._wants_task:  # 0.1.8-0.1.12 required a task name; 0.3 refuses a plain string there
             vf_input["task"] = state.task
-        args = self.merged_sampling_args(sampling_args)
         # verifiers bounds its own turns, so the session's caps are set past any sane rollout
         session = self._sessions.open(
             client, model, args, max_calls=VF_MAX_CALLS, max_sampled_tokens=VF_MAX_TOKENS
@@ -172,14 +170,11 @@ class VerifiersEnvironment(Environment):
                 state.stop_reason = _STOP_REASONS.get(stop, stop) or StopReason.COMPLETED.value
         except Exception as exc:  # verifiers records its own errors; this is a bug outside its loop
             state.stop_reason, state.error = StopReason.ENV_ERROR.value, f"{type(exc).__name__}: {exc}"
-        state.metrics["num_turns"] = float(len(state.turns))  # one per answered call, ids or not
         drift = getattr(client, "measure_drift", None)
         if drift is not None and state.turns and not state.errored:
             measured = drift(state.messages)
             if measured is not None:
                 state.drift_tokens, state.drifted_turns = measured
-        state.timing.total_s = time.perf_counter() - started
-        return state
 
     async def score_group(self, states: list[State]) -> None:
         await self.rubric.score_group(states)

@@ -25,7 +25,6 @@ import collections
 import contextvars
 import functools
 import math
-import time
 from typing import Any
 
 from bridges.adapters.verifiers.support import require_verifiers
@@ -128,19 +127,17 @@ class V1Environment(Environment):
         finally:
             _GROUP_SEED.reset(token)
 
-    async def rollout(
-        self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
-    ) -> State:
-        started = time.perf_counter()
-        state = self.init_state(row)
-        args = self.merged_sampling_args(sampling_args)
+    async def run_episode(
+        self, row: dict[str, Any], state: State, client: Any, model: str, args: dict[str, Any]
+    ) -> None:
+        """This rollout's seat in a verifiers episode (module doc), masked with the reason where it fails."""
         try:
             task_index, seat = int(state.info["v1_task"]), str(state.info["v1_seat"])
             group_seed = _GROUP_SEED.get()
             match_args = args if group_seed is None else {**args, "seed": group_seed}
             match = Match(task_index, client, model, match_args)
             async with asyncio.timeout(self.rollout_timeout):
-                trace, responses, shared, traces = await self._episode(match, seat, args)
+                trace, responses, shared, traces = await self._seat_trace(match, seat, args)
             _fill(state, trace, responses)
             state.metrics["v1/shared_episode"] = float(shared)
             state.metrics["v1/seat_traces"] = float(traces)
@@ -151,11 +148,8 @@ class V1Environment(Environment):
             state.error = str(failed)
         except Exception as exc:  # verifiers records its own failures on the episode; this is outside it
             state.stop_reason, state.error = StopReason.ENV_ERROR.value, f"{type(exc).__name__}: {exc}"
-        state.metrics["num_turns"] = float(len(state.turns))
-        state.timing.total_s = time.perf_counter() - started
-        return state
 
-    async def _episode(self, match: Match, seat: str, args: dict[str, Any]) -> tuple[Any, list[Any], bool, int]:
+    async def _seat_trace(self, match: Match, seat: str, args: dict[str, Any]) -> tuple[Any, list[Any], bool, int]:
         """This rollout's trace of ``seat`` in an episode of the match's task, the responses it got,
         whether another rollout played that episode (``v1_sharing``), and how many traces the seat
         left in it. An episode this rollout starts samples with its own ``args``."""

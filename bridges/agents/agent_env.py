@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import shlex
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,13 +70,10 @@ class AgentEnv(Environment):
         self.agent_timeout, self.max_calls, self.max_sampled_tokens = agent_timeout, max_calls, max_sampled_tokens
         self._servers = LoopbackServers()
 
-    async def rollout(
-        self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
-    ) -> State:
+    async def run_episode(
+        self, row: dict[str, Any], state: State, client: Any, model: str, args: dict[str, Any]
+    ) -> None:
         """One run of the agent; its failures end the rollout masked with one sentence, never raise."""
-        started = time.perf_counter()
-        state = self.init_state(row)
-        args = self.merged_sampling_args(sampling_args)
         try:
             async with asyncio.timeout(self.rollout_timeout):
                 conversation = await self._run(state, {**row, "prompt": state.prompt}, client, model, args)
@@ -85,9 +81,6 @@ class AgentEnv(Environment):
             self.mark_timed_out(state)
         else:
             await measure_drift(state, client, conversation, self.model_timeout)
-        state.metrics["num_turns"] = float(len(state.turns))
-        state.timing.total_s = time.perf_counter() - started
-        return state
 
     async def _run(
         self, state: State, row: dict[str, Any], client: Any, model: str, args: dict[str, Any]

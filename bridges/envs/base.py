@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -385,8 +386,24 @@ class Environment:
     async def rollout(
         self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
     ) -> State:
+        """One episode of ``row``: a fresh state, filled by ``run_episode`` under the merged sampling
+        arguments, its turns counted and its wall time kept. Every environment shares this frame; what
+        an episode is lives in ``run_episode``."""
+        started = time.perf_counter()
+        state = self.init_state(row)
+        await self.run_episode(row, state, client, model, self.merged_sampling_args(sampling_args))
+        state.metrics["num_turns"] = float(len(state.turns))
+        state.timing.total_s = time.perf_counter() - started
+        return state
+
+    async def run_episode(
+        self, row: dict[str, Any], state: State, client: Any, model: str, args: dict[str, Any]
+    ) -> None:
+        """Hook: play one episode into ``state`` (turns, completion, stop reason, reward where the
+        episode itself scores). A failure ends it with a stop reason and ``state.error``, never an
+        exception."""
         raise NotImplementedError(
-            f"{type(self).__name__} does not implement rollout(); subclass MultiTurnEnv."
+            f"{type(self).__name__} does not implement run_episode(); subclass MultiTurnEnv."
         )
 
     async def score_rollout(self, state: State) -> None:

@@ -188,13 +188,11 @@ class MultiTurnEnv(Environment):
                 return True
         return False
 
-    async def rollout(
-        self, row: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any] | None = None
-    ) -> State:
-        """One episode; failures end it with a stop reason and ``state.error``, never an exception."""
-        started = time.perf_counter()
-        state = self.init_state(row)
-        args = self.merged_sampling_args(sampling_args)
+    async def run_episode(
+        self, row: dict[str, Any], state: State, client: Any, model: str, args: dict[str, Any]
+    ) -> None:
+        """The loop of model turns and ``env_response``s; failures end it with a stop reason and
+        ``state.error``, never an exception."""
         try:
             if self.rollout_timeout is not None:
                 await asyncio.wait_for(self._loop(state, client, model, args), self.rollout_timeout)
@@ -207,10 +205,7 @@ class MultiTurnEnv(Environment):
         except Exception as exc:  # a bug in a subclass's own loop code
             state.stop_reason = StopReason.ENV_ERROR.value
             state.error = f"the rollout raised {describe_exception(exc)}"
-        state.metrics["num_turns"] = float(len(state.turns))
         await self._measure_drift(state, client)
-        state.timing.total_s = time.perf_counter() - started
-        return state
 
     async def _loop(self, state: State, client: Any, model: str, args: dict[str, Any]) -> None:
         try:

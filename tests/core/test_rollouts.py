@@ -287,3 +287,28 @@ async def test_a_group_of_no_rollouts_is_one_sentence_from_the_one_place_that_ch
     for n in (0, -2):
         with pytest.raises(ConfigError, match=rf"^n \(rollouts per example\) must be at least 1, got {n}\.$"):
             await run_group(fast(), ROW, server.client(), n)
+
+
+async def test_the_shared_frame_times_and_counts_what_run_episode_fills():
+    """Every environment's ``rollout`` is one frame (fresh state, merged sampling arguments, turns
+    counted, wall time kept); an environment writes only ``run_episode``, and one that writes neither
+    is refused naming the hook."""
+    from bridges.envs.base import Environment
+    from bridges.envs.types import Turn
+
+    seen: list[dict] = []
+
+    class TwoTurns(Environment):
+        async def run_episode(self, row, state, client, model, args):
+            seen.append(args)
+            await asyncio.sleep(0.05)
+            state.turns = [Turn(completion_ids=[1]), Turn(completion_ids=[2])]
+            state.stop_reason = "completed"
+
+    env = TwoTurns(sampling_args={"max_tokens": 4, "temperature": 0.5})
+    state = await env.rollout(ROW, None, "m", {"temperature": 1.0})
+    assert seen == [{"max_tokens": 4, "temperature": 1.0}]  # the run's arguments win over the env's
+    assert state.metrics["num_turns"] == 2.0 and state.stop_reason == "completed"
+    assert 0.05 <= state.timing.total_s < 5.0 and state.prompt[-1]["content"] == "2+2?"
+    with pytest.raises(NotImplementedError, match=r"Environment does not implement run_episode\(\)"):
+        await Environment().rollout(ROW, None, "m")
