@@ -90,7 +90,7 @@ async def main(calls: int, rounds: int) -> None:
         print(f"{name:10s} " + " ".join(f"{v:8.0f}" for v in values) + " us/call")
     print(" ".join(f"{name}_us={value:.0f}" for name, value in medians.items())
           + f" in_process_ratio={medians['in_process'] / medians['direct']:.2f}"
-          + f" chat_ratio={medians['chat'] / medians['direct']:.2f}")  # fmt: skip
+          + f" chat_ratio={medians['chat'] / medians['direct']:.2f}")
 
 
 if __name__ == "__main__":

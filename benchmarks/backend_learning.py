@@ -25,7 +25,7 @@ def main() -> int:
     args, extra = parser.parse_known_args()
     run_name = f"bench-{args.backend}"
     command = [sys.executable, "-m", "bridges.train", f"backend={args.backend}", f"output_dir={args.output_dir}",
-               f"run_name={run_name}", "overwrite=true", "progress=false", *extra]  # fmt: skip
+               f"run_name={run_name}", "overwrite=true", "progress=false", *extra]
     if args.backend == "tinker":
         command.append("tinker.base_url=local")
     started = time.perf_counter()
@@ -43,7 +43,7 @@ def main() -> int:
     samples = sum(int(r.get("episodes/total", 0)) for r in rows)
     first5, last5 = sum(rewards[:5]) / len(rewards[:5]), sum(rewards[-5:]) / len(rewards[-5:])
     print(f"backend={args.backend} steps={len(rows)} samples={samples} seconds={seconds:.0f} "
-          f"first5={first5:.3f} last5={last5:.3f}")  # fmt: skip
+          f"first5={first5:.3f} last5={last5:.3f}")
     return 0
 
 

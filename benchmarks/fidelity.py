@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument("--families", default=",".join(FAMILY_MODEL_NAMES))
     args = parser.parse_args()
     header = ("| model | family | episodes | turns | ledger breaks | drifted turns (rewritten / retokenized) "
-              "| drift tokens | tool-call turns | reasoning turns | parser round-trip | template verdict | seconds |")  # fmt: skip
+              "| drift tokens | tool-call turns | reasoning turns | parser round-trip | template verdict | seconds |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     totals = {"episodes": 0, "breaks": 0, "turns": 0, "drifted": 0}
@@ -58,14 +58,14 @@ def main() -> int:
         print(f"| {name} | {r['family']} | {r['episodes']} | {r['turns']} | {r['ledger_breaks']} | "
               f"{r['drifted_turns']} ({r['rewritten_turns']} / {r['retokenized_turns']}) | {r['drift_tokens']} | "
               f"{r['tool_call_turns']} | {r['reasoning_turns']} | "
-              f"{'yes' if check.tool_round_trip else 'no'} | {verdict} | {seconds:.0f} |", flush=True)  # type: ignore[attr-defined]  # fmt: skip
+              f"{'yes' if check.tool_round_trip else 'no'} | {verdict} | {seconds:.0f} |", flush=True)  # type: ignore[attr-defined]
         totals["episodes"] += r["episodes"]
         totals["breaks"] += r["ledger_breaks"]
         totals["turns"] += r["turns"]
         totals["drifted"] += r["drifted_turns"]
     fraction = totals["drifted"] / max(1, totals["turns"])
     print(f"families={len(args.families.split(','))} episodes={totals['episodes']} "
-          f"ledger_breaks={totals['breaks']} drifted_turn_fraction={fraction:.3f}")  # fmt: skip
+          f"ledger_breaks={totals['breaks']} drifted_turn_fraction={fraction:.3f}")
     return 0
 
 

@@ -50,12 +50,12 @@ def measure(model: Any, tokenizer: Any, rows: int, prompt: int, max_tokens: int,
     vocab = model.get_input_embeddings().weight.shape[0]
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0)
     requests = [RowRequest([rng.randrange(3, vocab) for _ in range(prompt)], params, max_tokens, seed=i,
-                           stop_token_ids=frozenset()) for i in range(rows)]  # fmt: skip
+                           stop_token_ids=frozenset()) for i in range(rows)]
     existing = [*model.parameters(), *model.buffers()]
     results: list[Any] = []
     peak = peak_bytes(lambda: results.extend(generate_batch(model, tokenizer, requests, pad_token_id=0, device=device,
                                                             logits_to_keep=accepts_logits_to_keep(model))),
-                      existing, device)  # fmt: skip
+                      existing, device)
     assert all(len(r.token_ids) == max_tokens for r in results), "every row runs to max_tokens"
     weights = sum(t.numel() * t.element_size() for t in {id(t): t for t in existing}.values())
     dtype = next(model.parameters()).dtype
@@ -71,7 +71,7 @@ def load_engine_copy(model_path: str, device: str, dtype: str) -> tuple[Any, Any
     from bridges.runs.train_config import TrainConfig
 
     config = parse_config(TrainConfig, [f"model={model_path}", f"trainer.dtype={dtype}", f"trainer.device={device}",
-                                        "trainer.gradient_checkpointing=true"])  # fmt: skip
+                                        "trainer.gradient_checkpointing=true"])
     where = placement(device, dtype)
     model, tokenizer = load_policy(config, where, for_sampling=True)
     return model, tokenizer, where.device
@@ -102,11 +102,11 @@ def main() -> None:
             m = measure(model, tokenizer, args.rows, args.prompt, max_tokens, device)
             ratios[max_tokens], peaks[max_tokens] = m["peak"] / m["floor"], m["peak"]
             print(f"max_tokens {max_tokens:5d}: peak {m['peak'] / MB:8.1f} MB   floor {m['floor'] / MB:8.1f} MB   "
-                  f"ratio {ratios[max_tokens]:.3f}", flush=True)  # fmt: skip
+                  f"ratio {ratios[max_tokens]:.3f}", flush=True)
     pairs: dict[str, Any] = {"device": device.type, "dtype": str(next(model.parameters()).dtype).split(".")[-1],
                              "arch": args.arch, "layers": layers or "all", "rows": args.rows,
                              **{f"ratio_{n}": f"{r:.3f}" for n, r in ratios.items()},
-                             "gen_peak_floor_ratio": f"{max(ratios.values()):.3f}"}  # fmt: skip
+                             "gen_peak_floor_ratio": f"{max(ratios.values()):.3f}"}
     if len(lengths) >= 3:
         short, middle, long = lengths[0], lengths[len(lengths) // 2], lengths[-1]
         share = (long - middle) / (middle - short)

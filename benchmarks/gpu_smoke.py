@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # env=smoke_env, besid
 # dense bf16 peaks from the vendor's datasheets; the first name found in the device's name wins, so the
 # H100's PCIe and NVL forms (lower clocks and power) come before the SXM form ("NVIDIA H100 80GB HBM3")
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
-                   "L40S": 362e12, "A10": 125e12, "4090": 165e12}  # fmt: skip
+                   "L40S": 362e12, "A10": 125e12, "4090": 165e12}
 
 
 def device_peak(device: torch.device) -> float | None:
@@ -71,7 +71,7 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace) -> dict[str, Any
     code = train([f"model={model}", "env=smoke_env", f"output_dir={folder / 'runs'}", f"run_name={arch}", "progress=false",
                   f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch}", f"trainer.group_size={args.group}",
                   f"sampling.max_tokens={args.max_tokens}", f"trainer.dtype={dtype}", f"trainer.device={args.device}",
-                  "trainer.num_batches_ahead=0", "trainer.gradient_checkpointing=true", "trainer.learning_rate=1e-6"])  # fmt: skip
+                  "trainer.num_batches_ahead=0", "trainer.gradient_checkpointing=true", "trainer.learning_rate=1e-6"])
     assert code == 0, f"the run of {arch} failed"
     rows = [json.loads(x) for x in (folder / "runs" / arch / "metrics.jsonl").read_text().splitlines()]
     timed = rows[1:] or rows
@@ -85,17 +85,17 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace) -> dict[str, Any
     assert train_tokens > 0, f"no step of {arch} trained: every group's rewards were equal"
     # the trainer's per-step rows hold the CUDA allocator's peak (bridges.models.hardware.memory_metrics)
     memory_gb = (max(r["memory/peak_gb"] for r in rows) * 1024**3 if device.type == "cuda"
-                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9  # fmt: skip
+                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9
     if device.type == "cuda":
         print(f"{arch}: allocated after each step (GiB) {[round(r['memory/allocated_gb'], 2) for r in rows]}, "
-              f"peak within it {[round(r['memory/peak_gb'], 2) for r in rows]}", flush=True)  # fmt: skip
+              f"peak within it {[round(r['memory/peak_gb'], 2) for r in rows]}", flush=True)
     # a step's peak over what stays allocated between steps (goal <= 1.5: activations under checkpointing,
     # one chunk of logits and the engine's batch; before generation ran without autograd it was 3.5 at 0.5B)
     over_resting = (f"{max(r['memory/peak_gb'] / r['memory/allocated_gb'] for r in (rows[1:] or rows)):.2f}"
-                    if device.type == "cuda" else "n/a")  # fmt: skip
+                    if device.type == "cuda" else "n/a")
     return {"arch": arch, "layers": config.num_hidden_layers, "dtype": dtype, "peak_over_resting": over_resting,
             "gen_tokens_per_s": f"{gen_tokens / max(gen_s, 1e-9):.1f}", "train_tokens_per_s": f"{train_tokens / max(train_s, 1e-9):.1f}",
-            "peak_memory_gb": f"{memory_gb:.2f}", "mfu": f"{achieved / peak:.3f}" if peak else "n/a"}  # fmt: skip
+            "peak_memory_gb": f"{memory_gb:.2f}", "mfu": f"{achieved / peak:.3f}" if peak else "n/a"}
 
 
 def main() -> None:
@@ -120,7 +120,7 @@ def main() -> None:
             print(" ".join(f"{k}={v}" for k, v in results[-1].items()), flush=True)
     print(f"device={name.replace(' ', '_')} " + " ".join(
         f"{r['arch']}_{key}={r[key]}" for r in results for key in ("gen_tokens_per_s", "train_tokens_per_s", "peak_memory_gb", "peak_over_resting", "mfu")
-    ))  # fmt: skip
+    ))
 
 
 if __name__ == "__main__":

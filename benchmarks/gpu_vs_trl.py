@@ -56,7 +56,7 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> di
                   f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch}", f"trainer.group_size={args.group}",
                   f"sampling.max_tokens={args.max_tokens}", f"trainer.dtype={dtype}", f"trainer.device={args.device}",
                   "trainer.num_batches_ahead=0", "trainer.gradient_checkpointing=full", f"trainer.learning_rate={args.lr}",
-                  "trainer.beta=0"])  # fmt: skip
+                  "trainer.beta=0"])
     assert code == 0, "our run failed"
     rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
     timed = rows[1:] or rows
@@ -68,7 +68,7 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> di
     return {"samples_per_s": args.batch * args.group / statistics.mean(r["timing/step_s"] for r in timed),
             "gen_tokens_per_s": gen_tokens / max(sum(r["timing/wait_generation_s"] for r in timed), 1e-9),
             "train_tokens_per_s": train_tokens / max(train_s, 1e-9), "train_tokens": train_tokens, "train_s": train_s,
-            "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed))}  # fmt: skip
+            "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed))}
 
 
 def run_trl(
@@ -97,12 +97,12 @@ def run_trl(
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=1.0, use_cpu=device.type == "cpu",
         bf16=dtype == "bf16", gradient_checkpointing=True, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, use_vllm=args.trl_vllm, **({"vllm_mode": "colocate"} if args.trl_vllm else {}),
-    )  # fmt: skip
+    )
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype), reward_funcs=vowel_share, args=config,
         train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model), callbacks=[StepClock()],
-    )  # fmt: skip
+    )
     step_ends.append(time.perf_counter())
     trainer.train()
     gaps = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)][1:] or [
@@ -137,7 +137,7 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace, device: torch.de
             "gen_tokens_per_s": f"{ours['gen_tokens_per_s']:.1f}", "train_tokens_per_s": f"{ours['train_tokens_per_s']:.1f}",
             "mfu": f"{achieved / peak:.3f}" if peak else "n/a",
             "ours_peak_gb": f"{ours_peak:.2f}",  # a CPU's RSS peak is the process's: TRL runs second, so n/a
-            "trl_peak_gb": f"{peak_gb(device):.2f}" if device.type == "cuda" else "n/a"}  # fmt: skip
+            "trl_peak_gb": f"{peak_gb(device):.2f}" if device.type == "cuda" else "n/a"}
 
 
 def main() -> None:
@@ -163,7 +163,7 @@ def main() -> None:
             figures[arch] = run_arch(arch, Path(folder), args, device)
             print(f"{arch}: " + " ".join(f"{k}={v}" for k, v in figures[arch].items()), flush=True)
     print(f"device={name.replace(' ', '_')} " + " ".join(
-        f"{arch}_{key}={value}" for arch, row in figures.items() for key, value in row.items()))  # fmt: skip
+        f"{arch}_{key}={value}" for arch, row in figures.items() for key, value in row.items()))
 
 
 if __name__ == "__main__":

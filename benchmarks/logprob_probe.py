@@ -29,14 +29,14 @@ def main() -> None:
     pairs = {"device": device.type}
     with tempfile.TemporaryDirectory() as folder:
         path = (resolve_model_path("tiny") if args.arch == "tiny"
-                else build_architecture(args.arch, Path(folder) / "model", layers=args.layers))  # fmt: skip
+                else build_architecture(args.arch, Path(folder) / "model", layers=args.layers))
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
             ids = torch.randint(0, model.config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0)).to(device)
             ones, targets = torch.ones_like(ids), torch.roll(ids, -1, dims=1)
             with torch.no_grad():
                 gap = (token_logprobs(model, ids, ones, targets, ones, chunked=False)
-                       - token_logprobs(model, ids, ones, targets, ones, chunk_tokens=3)).abs().max()  # fmt: skip
+                       - token_logprobs(model, ids, ones, targets, ones, chunk_tokens=3)).abs().max()
             pairs[f"{name}_max_gap"] = f"{float(gap):.2e}"
             pairs[f"{name}_chunked"] = str(chunked_matches_plain(model, model.config.vocab_size)).lower()
             del model

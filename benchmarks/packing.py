@@ -33,7 +33,7 @@ def samples(count: int, low: int, high: int, vocab: int) -> list[Any]:
         prompt = min(32, n // 2)
         out.append(TrainingSample(token_ids=[rng.randrange(3, vocab) for _ in range(n)],
                                   loss_mask=[0] * prompt + [1] * (n - prompt),
-                                  logprobs=[0.0] * prompt + [-2.0] * (n - prompt), advantage=rng.choice([-1.0, 1.0])))  # fmt: skip
+                                  logprobs=[0.0] * prompt + [-2.0] * (n - prompt), advantage=rng.choice([-1.0, 1.0])))
     return out
 
 
@@ -45,7 +45,7 @@ def seconds_per_step(model: str, settings: list[str], batch: list[Any], repeats:
     from bridges.runs.train_config import TrainConfig
 
     config = parse_config(TrainConfig, [f"model={model}", "trainer.device=cpu", "trainer.dtype=fp32",
-                                        "trainer.learning_rate=1e-5", *settings])  # fmt: skip
+                                        "trainer.learning_rate=1e-5", *settings])
     ctx, _ = build_step_context(config, placement("cpu", "fp32"), World())
     train_step(ctx, batch)  # AdamW's state exists from here on
     times = []
@@ -80,7 +80,7 @@ def main() -> None:
     slots = sum(max(lengths[i::4]) * len(lengths[i::4]) for i in range(4))  # the padded micro-batches' tokens
     print(f"{args.samples} samples of {args.min_len}-{args.max_len} tokens ({real} real), {args.arch} with "
           f"{args.layers} layers, fp32, CPU: padded {padded:.2f} s/step, packed ({budget}-token micro-batches) "
-          f"{packed:.2f} s/step")  # fmt: skip
+          f"{packed:.2f} s/step")
     print(f"padded_tokens_per_s={real / padded:.1f} packed_tokens_per_s={real / packed:.1f} "
           f"ratio={padded / packed:.3f} padding_fraction={1 - real / slots:.3f}")
 

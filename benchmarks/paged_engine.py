@@ -46,7 +46,7 @@ async def burst(
     results = await asyncio.gather(*(
         engine.generate(ids, SamplingParams(max_tokens=cap, temperature=temperature, stop_token_ids=[]))
         for ids, cap in work
-    ))  # fmt: skip
+    ))
     seconds = time.perf_counter() - started
     return sum(len(s.token_ids) for (s,) in results), seconds, [s for (s,) in results]
 
@@ -120,7 +120,7 @@ def main() -> None:
           f"paged_tokens_per_s={statistics.median(rates['paged']):.1f} ratio={statistics.median(ratios):.2f} "
           f"ratios={','.join(f'{r:.2f}' for r in ratios)} greedy_same={same}/{checked}"
           + (f" graphs_ratio={statistics.median(rates['paged_graphs']) / statistics.median(rates['hf']):.2f}"
-             if rates.get("paged_graphs") else ""))  # fmt: skip
+             if rates.get("paged_graphs") else ""))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def measure(model: str, setting: str, args: argparse.Namespace) -> tuple[float, 
 
     config = parse_config(TrainConfig, [f"model={model}", f"trainer.dtype={args.dtype}", f"trainer.device={args.device}",
                                         "trainer.learning_rate=1e-5", f"trainer.gradient_checkpointing={setting}",
-                                        f"trainer.lora_rank={args.lora_rank}"])  # fmt: skip
+                                        f"trainer.lora_rank={args.lora_rank}"])
     where = placement(args.device, args.dtype)
     ctx, tokenizer = build_step_context(config, where, World())
     samples = batch(len(tokenizer), args.batch, args.seq)
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--lora-rank", type=int, default=16, help="0: full fine-tuning, whose optimizer state "
-                        "(not the activations) sets the peak at small batches")  # fmt: skip
+                        "(not the activations) sets the peak at small batches")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
@@ -80,7 +80,7 @@ def main() -> None:
     base_mb, base_s = figures["off"]
     print(f"{'setting':<10} {'peak MB':>9} {'x off':>7} {'step s':>8} {'x off':>7}   ({args.arch}, "
           f"{layers or 'all'} layers, {args.batch}x{args.seq} tokens, {args.dtype}, "
-          f"{f'LoRA r={args.lora_rank}' if args.lora_rank else 'full fine-tuning'}, {device})")  # fmt: skip
+          f"{f'LoRA r={args.lora_rank}' if args.lora_rank else 'full fine-tuning'}, {device})")
     for setting, (mb, seconds) in figures.items():
         print(f"{setting:<10} {mb:9.1f} {mb / base_mb:7.2f} {seconds:8.3f} {seconds / base_s:7.2f}")
     line: list[str] = []

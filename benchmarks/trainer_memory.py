@@ -40,7 +40,7 @@ def batch(vocab: int, count: int, length: int, seed: int = 0) -> list[Any]:
     half = length // 2
     return [TrainingSample(token_ids=[rng.randrange(3, vocab) for _ in range(length)], loss_mask=[0] * half + [1] * half,
                            logprobs=[0.0] * half + [-2.0] * half, advantage=rng.choice([-1.0, 1.0]))
-            for _ in range(count)]  # fmt: skip
+            for _ in range(count)]
 
 
 def state_of(ctx: Any) -> list[Any]:
@@ -58,7 +58,7 @@ def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -
 
     settings = [f"model={model}", f"trainer.dtype={dtype}", f"trainer.device={args.device}", "trainer.learning_rate=1e-5",
                 "trainer.gradient_checkpointing=true", f"trainer.logprob_chunk_tokens={args.chunk}",
-                *(["trainer.lora_rank=16"] if lora else [])]  # fmt: skip
+                *(["trainer.lora_rank=16"] if lora else [])]
     config = parse_config(TrainConfig, settings)
     where = placement(args.device, dtype)
     ctx, tokenizer = build_step_context(config, where, World())
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256, help="trainer.logprob_chunk_tokens (its default)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--schemes", default="full_fp32,full_bf16,lora_fp32,lora_bf16",
-                        help="which of the four to measure (a quick check measures fewer)")  # fmt: skip
+                        help="which of the four to measure (a quick check measures fewer)")
     args = parser.parse_args()
     from bridges.models.family_models import build_architecture
     from bridges.models.hardware import resolve_device
@@ -142,15 +142,15 @@ def main() -> None:
                 figures[f"{name}_ratio"] = m["peak"] / m["floor"]
                 print(f"{name:10s} peak {m['peak'] / m['trained']:8.2f} B/trained param   floor "
                       f"{m['floor'] / m['trained']:8.2f}   ratio {m['peak'] / m['floor']:.3f}   "
-                      f"({m['trained'] / 1e6:.1f}M trained, peak {m['peak'] / MB:.0f} MB)", flush=True)  # fmt: skip
+                      f"({m['trained'] / 1e6:.1f}M trained, peak {m['peak'] / MB:.0f} MB)", flush=True)
         full = measure_logprobs(model, args, chunked=False)
         chunked = measure_logprobs(model, args, chunked=True)
     print(f"logprob step (batch {args.logprob_batch} x {args.logprob_seq}, vocab 151936): full logits {full / MB:.0f} MB, "
-          f"chunked ({args.chunk} tokens) {chunked / MB:.0f} MB", flush=True)  # fmt: skip
+          f"chunked ({args.chunk} tokens) {chunked / MB:.0f} MB", flush=True)
     worst = max(figures.values())
     pairs = {"device": device.type, "arch": args.arch, "layers": layers or "all", **{k: f"{v:.3f}" for k, v in figures.items()},
              "worst_floor_ratio": f"{worst:.3f}", "logprob_full_mb": f"{full / MB:.0f}",
-             "logprob_chunked_mb": f"{chunked / MB:.0f}", "logprob_chunked_ratio": f"{chunked / full:.3f}"}  # fmt: skip
+             "logprob_chunked_mb": f"{chunked / MB:.0f}", "logprob_chunked_ratio": f"{chunked / full:.3f}"}
     print(" ".join(f"{k}={v}" for k, v in pairs.items()))
     sys.stdout.flush()
 

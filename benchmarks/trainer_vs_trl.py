@@ -38,7 +38,7 @@ def run_bridges(args: argparse.Namespace, out: Path) -> tuple[float, list[float]
             f"trainer.learning_rate={args.lr}", "trainer.num_batches_ahead=1",
             f"trainer.rollout_process={str(args.rollout_process).lower()}",
         ],
-    )  # fmt: skip
+    )
     run(config)
     rows = [json.loads(x) for x in (out / "grpo-repeat_letter" / "metrics.jsonl").read_text().splitlines()]
     # the training loop's own clock (like TRL's trainer.train()): model loading and imports excluded
@@ -71,11 +71,11 @@ def run_trl(args: argparse.Namespace, out: Path) -> tuple[float, list[float]]:
         weight_decay=0.0, beta=0.0, loss_type="grpo", temperature=1.0, use_vllm=False, use_cpu=True,
         bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=args.seed,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=repeated_letter, args=config,
         train_dataset=data, processing_class=AutoTokenizer.from_pretrained(path),
-    )  # fmt: skip
+    )
     started = time.perf_counter()
     trainer.train()
     elapsed = time.perf_counter() - started

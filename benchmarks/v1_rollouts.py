@@ -59,7 +59,7 @@ async def verifiers_own(base_url: str, count: int, harness: str = "null") -> flo
     from bridges.environments import repeat_letter_taskset
 
     config = resolve_env_config({"taskset": {"id": make_visible(repeat_letter_taskset)},
-                                 "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}})  # fmt: skip
+                                 "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}})
     env = load_environment(config)
     tasks = list(env.taskset)
     os.environ["BENCH_V1_KEY"] = "unused"
@@ -100,7 +100,7 @@ def main() -> None:
     v1, native = load_environment("repeat_letter_taskset"), load_environment("repeat_letter")
     program = load_environment("repeat_letter_taskset", agent={"harness": {"id": "bash"}}) if shutil.which("uv") else None
     f: dict[str, list[float]] = {"bridges": [], "verifiers": [], "native": [], "program_bridges": [],
-                                 "program_verifiers": []}  # fmt: skip
+                                 "program_verifiers": []}
     with serve_in_thread(client) as server:
         if program is not None:
             asyncio.run(ours(program, client, 1))  # the program's first start, as verifiers' warm-up
@@ -118,7 +118,7 @@ def main() -> None:
           f"ratio={_ratio(f['bridges'], f['verifiers'])} native_rollouts_per_s={_median(f['native'])} "
           f"program_bridges_rollouts_per_s={_median(f['program_bridges'])} "
           f"program_verifiers_rollouts_per_s={_median(f['program_verifiers'])} "
-          f"program_ratio={_ratio(f['program_bridges'], f['program_verifiers'])}")  # fmt: skip
+          f"program_ratio={_ratio(f['program_bridges'], f['program_verifiers'])}")
 
 
 if __name__ == "__main__":

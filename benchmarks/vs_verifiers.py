@@ -60,7 +60,7 @@ def vf_environment(count: int, turns: int) -> Any:
         return float(answer in (completion[-1].get("content") or ""))
 
     return GuessGame(dataset=Dataset.from_list(rows(count)), system_prompt=SYSTEM, max_turns=turns,
-                     rubric=vf.Rubric(funcs=[solved]), sampling_args={"max_tokens": 16})  # fmt: skip
+                     rubric=vf.Rubric(funcs=[solved]), sampling_args={"max_tokens": 16})
 
 
 def native_environment(count: int, turns: int) -> Any:
@@ -76,7 +76,7 @@ def native_environment(count: int, turns: int) -> Any:
         return float(answer in (completion[-1].get("content") or ""))
 
     return GuessGame(dataset=Dataset.from_list(rows(count)), system_prompt=SYSTEM, max_turns=turns,
-                     rubric=br.Rubric(funcs=[solved]), sampling_args={"max_tokens": 16})  # fmt: skip
+                     rubric=br.Rubric(funcs=[solved]), sampling_args={"max_tokens": 16})
 
 
 class SimulatedHTTP(httpx2.AsyncBaseTransport):
@@ -88,7 +88,7 @@ class SimulatedHTTP(httpx2.AsyncBaseTransport):
             "id": "chatcmpl-sim", "object": "chat.completion", "created": 0, "model": "sim",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 50, "completion_tokens": 7, "total_tokens": 57},
-        }).encode()  # fmt: skip
+        }).encode()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         self.calls += 1
@@ -127,12 +127,12 @@ async def measure(count: int, turns: int, latency: float) -> dict[str, tuple[flo
     out: dict[str, tuple[float, float, int]] = {}
     transport = SimulatedHTTP(latency)
     stock = openai.AsyncOpenAI(api_key="sim", base_url="http://sim.invalid/v1", max_retries=0,
-                               http_client=httpx2.AsyncClient(transport=transport, timeout=None))  # fmt: skip
+                               http_client=httpx2.AsyncClient(transport=transport, timeout=None))
     peer = vf_environment(count, turns)
     inputs = [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["question"]}],
-               "answer": r["answer"], "example_id": i, "info": {}} for i, r in enumerate(rows(count))]  # fmt: skip
+               "answer": r["answer"], "example_id": i, "info": {}} for i, r in enumerate(rows(count))]
     wall, cpu = await timed(lambda: peer.generate(inputs, vf.OpenAIChatCompletionsClient(stock), "sim",
-                                                  max_concurrent=count))  # fmt: skip
+                                                  max_concurrent=count))
     out["verifiers"] = (wall, cpu, transport.calls)
     client, engine = engine_client(latency)
     native = native_environment(count, turns)
@@ -162,12 +162,12 @@ def main() -> None:
         last = asyncio.run(measure(count, args.turns, args.latency))
         for name, (wall, cpu, calls) in last.items():
             print(f"{count:>6} rollouts  {name:<10} {wall:7.2f} s  {count / wall:8.1f} rollouts/s  "
-                  f"{cpu / max(1, calls) * 1e6:7.0f} us CPU per call ({calls} calls)", flush=True)  # fmt: skip
+                  f"{cpu / max(1, calls) * 1e6:7.0f} us CPU per call ({calls} calls)", flush=True)
     rate = {name: count / wall for name, (wall, _, _) in last.items()}
     b_wall, b_cpu, b_calls = last["bridges"]
     print(f"bridges_rollouts_per_s={rate['bridges']:.1f} verifiers_rollouts_per_s={rate['verifiers']:.1f} "
           f"ratio={rate['bridges'] / rate['verifiers']:.2f} vf_adapter_ratio={rate['vf_adapter'] / rate['verifiers']:.2f} "
-          f"cpu_us_per_call={b_cpu / max(1, b_calls) * 1e6:.1f}")  # fmt: skip
+          f"cpu_us_per_call={b_cpu / max(1, b_calls) * 1e6:.1f}")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main() -> None:
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device)
     engine = HFEngine(served, tokenizer)
     figures: dict[str, str] = {"device": device.type, "arch": args.arch, "layers": str(layers or "all"),
-                               "mb": f"{sum(p.numel() * p.element_size() for p in policy.parameters()) / 2**20:.0f}"}  # fmt: skip
+                               "mb": f"{sum(p.numel() * p.element_size() for p in policy.parameters()) / 2**20:.0f}"}
     updates = WeightUpdates(KEY, served)
     with serve_in_thread(EngineClient(engine, model_name="bench"), updates=updates) as server:
         for channel in args.channels.split(","):

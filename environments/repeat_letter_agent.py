@@ -48,7 +48,7 @@ def final_answer(state: Any, answer: str, length: int) -> float:
 def load_environment(
     num_train: int = 512, num_eval: int = 8, seed: int = 0, alphabet: str = "abcdefgh", length: int = 6,
     command: bool = False, agent_timeout: float = 60.0, **kwargs: Any,
-) -> AgentEnv:  # fmt: skip
+) -> AgentEnv:
     from datasets import Dataset
 
     def reward(state: Any, answer: str) -> float:

@@ -22,6 +22,6 @@ class Countdown(br.MultiTurnEnv):
 
 def load_environment(count: int = 32, max_turns: int = 6) -> br.Environment:
     rows = [{"question": f"Count down from {n}, one number per reply.", "answer": "0",
-             "info": {"start": n}} for n in range(3, 3 + count)]  # fmt: skip
+             "info": {"start": n}} for n in range(3, 3 + count)]
     rubric = br.Rubric(funcs=[correct_steps])
     return Countdown(dataset=Dataset.from_list(rows), rubric=rubric, max_turns=max_turns)

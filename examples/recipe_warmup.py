@@ -46,11 +46,11 @@ def main(out: Path) -> None:
     evaluate(out, "teacher", "tiny", "engine=reverse_teacher:ReverseTextTeacher", "split=train")
     bridges("bridges.export", f"rollouts={out / 'teacher'}", "min_reward=0.99", f"output={out / 'sft_data'}")
     bridges("bridges.sft", f"data={out / 'sft_data'}", f"output_dir={out}", "run_name=sft", "trainer.max_steps=300",
-            "trainer.batch_size=16", "trainer.learning_rate=3e-3")  # fmt: skip
+            "trainer.batch_size=16", "trainer.learning_rate=3e-3")
     after_sft = evaluate(out, "after_sft", str(out / "sft" / "final"))
     bridges("bridges.train", *ENV, f"model={out / 'sft' / 'final'}", f"output_dir={out}", "run_name=rl",
             f"trainer.max_steps={RL_STEPS}", "trainer.batch_size=8", "trainer.group_size=8",
-            "trainer.learning_rate=5e-4")  # fmt: skip
+            "trainer.learning_rate=5e-4")
     after_rl = evaluate(out, "after_rl", str(out / "rl" / "checkpoints" / f"step_{RL_STEPS:06d}" / "model"))
     print(f"before={before:.3f} after_sft={after_sft:.3f} after_rl={after_rl:.3f}")
 

@@ -18,7 +18,7 @@ from bridges import EngineClient
 from bridges.adapters.hf import HFEngine
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"key": {"type": "string"}}}}}]  # fmt: skip
+    "type": "object", "properties": {"key": {"type": "string"}}}}}]
 
 
 async def main(model: str) -> None:
@@ -27,7 +27,7 @@ async def main(model: str) -> None:
     stream = await client.chat.completions.create(
         model=model, messages=messages, tools=TOOLS, stream=True, max_tokens=12, seed=0,
         tool_choice={"type": "function", "function": {"name": "lookup"}}, logprobs=True, top_logprobs=3,
-    )  # fmt: skip
+    )
     call = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
     prompt, sampled, alternatives = [], [], []
     async for chunk in stream:
@@ -41,7 +41,7 @@ async def main(model: str) -> None:
                 call["function"]["name"] += delta.function.name or ""
                 call["function"]["arguments"] += delta.function.arguments or ""
     messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"value": 42})}]  # fmt: skip
+                 {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"value": 42})}]
     second = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=8)
     history = prompt + sampled
     assert second.prompt_token_ids[: len(history)] == history

@@ -37,7 +37,7 @@ def test_rollout_scale_prints_cpu_per_call_and_every_phase_claims_time():
     assert last["rollouts"] == 60 and last["cpu_us_per_call"] > 0 and last["seconds"] > 0
     phases = dict(re.findall(r"^  (.+?)\s{2,}(-?[\d.]+) us", out, flags=re.M))
     for phase in ("render (jinja)", "tokenizer", "ledger", "drift measurement (own)", "responses (pydantic)",
-                  "client (own)", "environment hooks", "scoring", "environment loop (own)"):  # fmt: skip
+                  "client (own)", "environment hooks", "scoring", "environment loop (own)"):
         assert float(phases[phase]) > 0, phase
     # the instrumented wave does the same work as the timed one, plus the wrappers' own cost
     assert float(phases["total (CPU per model call)"]) > 0.5 * last["cpu_us_per_call"]
@@ -55,7 +55,7 @@ def test_peer_benchmark_runs_all_three_paths():
 def test_gpu_smoke_runs_on_the_cpu_at_a_small_shape():
     """benchmarks/gpu_smoke.py is run by hand on a GPU; here it runs small so it cannot rot."""
     out = _run(str(ROOT / "benchmarks/gpu_smoke.py"), "--arch", "qwen2.5-0.5b", "--layers", "1", "--batch", "2",
-               "--group", "2", "--max-tokens", "8", "--steps", "2")  # fmt: skip
+               "--group", "2", "--max-tokens", "8", "--steps", "2")
     last = out.strip().splitlines()[-1]
     fields = _fields(last)
     assert last.startswith("device=cpu ") and "qwen2.5-0.5b_mfu=n/a" in last  # no peak FLOP/s for a CPU
@@ -68,7 +68,7 @@ def test_trainer_memory_prints_its_ratios_at_a_small_shape():
     # two of the four schemes (full fine-tuning in bf16, LoRA in fp32): half the time, every code path
     out = _run(str(ROOT / "benchmarks/trainer_memory.py"), "--layers", "1", "--seq", "32", "--batch", "1",
                "--logprob-batch", "4", "--logprob-seq", "16", "--chunk", "16",
-               "--schemes", "full_bf16,lora_fp32")  # fmt: skip
+               "--schemes", "full_bf16,lora_fp32")
     fields = _fields(out.strip().splitlines()[-1])
     assert "full_fp32_ratio" not in fields and "lora_bf16_ratio" not in fields
     for name in ("full_bf16", "lora_fp32"):
@@ -80,7 +80,7 @@ def test_trainer_memory_prints_its_ratios_at_a_small_shape():
 def test_generation_memory_prints_its_ratio_at_a_small_shape():
     """One decoder layer at Qwen2.5-0.5B's width and vocabulary, 4 rows: the floor ratio and linear growth."""
     out = _run(str(ROOT / "benchmarks/generation_memory.py"), "--layers", "1", "--rows", "4", "--prompt", "8",
-               "--lengths", "8,16,32")  # fmt: skip
+               "--lengths", "8,16,32")
     fields = _fields(out.strip().splitlines()[-1])
     assert {"ratio_8", "ratio_16", "ratio_32"} <= set(fields)
     assert 1.0 <= fields["gen_peak_floor_ratio"] < 1.5  # below 1 would mean a counting bug
@@ -98,7 +98,7 @@ def test_v1_rollouts_prints_its_figures_at_a_small_shape():
         ),
     }
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/v1_rollouts.py"), "--rollouts", "8", "--repeats", "1"],
-                          capture_output=True, text=True, timeout=600, check=False, env=env)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     fields = _fields(last)
@@ -117,13 +117,13 @@ def test_logprob_probe_says_the_chunked_path_holds_in_both_dtypes():
 def test_agent_sessions_prints_the_cost_of_each_route():
     last = _fields(_run(str(ROOT / "benchmarks/agent_sessions.py"), "calls=20", "rounds=1").strip().splitlines()[-1])
     assert set(last) == {"direct_us", "in_process_us", "chat_us", "responses_us", "messages_us",
-                         "in_process_ratio", "chat_ratio"}  # fmt: skip
+                         "in_process_ratio", "chat_ratio"}
     assert all(value > 0 for value in last.values())
 
 
 def test_recompute_benchmark_tables_each_setting_and_memory_falls_with_the_layers_recomputed():
     out = _run(str(ROOT / "benchmarks/recompute.py"), "--layers", "4", "--batch", "2", "--seq", "128",
-               "--repeats", "1", "--device", "cpu")  # fmt: skip
+               "--repeats", "1", "--device", "cpu")
     rows = re.findall(r"^(off|every:4|every:2|full)\s+([\d.]+)\s", out, flags=re.M)
     assert [name for name, _ in rows] == ["off", "every:4", "every:2", "full"]
     last = _fields(out.strip().splitlines()[-1])
@@ -133,7 +133,7 @@ def test_recompute_benchmark_tables_each_setting_and_memory_falls_with_the_layer
 
 def test_packing_benchmark_compares_padded_and_packed_steps_on_varied_lengths():
     out = _run(str(ROOT / "benchmarks/packing.py"), "--layers", "1", "--samples", "6", "--min-len", "8",
-               "--max-len", "64", "--repeats", "1")  # fmt: skip
+               "--max-len", "64", "--repeats", "1")
     last = _fields(out.strip().splitlines()[-1])
     assert last["padded_tokens_per_s"] > 0 and last["packed_tokens_per_s"] > 0 and last["ratio"] > 0
     assert 0 < last["padding_fraction"] < 1  # lengths vary: the padded micro-batches did carry padding
@@ -143,7 +143,7 @@ def test_packing_benchmark_compares_padded_and_packed_steps_on_varied_lengths():
 def test_gpu_vs_trl_runs_both_trainers_on_the_cpu_at_a_small_shape():
     """benchmarks/gpu_vs_trl.py is measured on a GPU by hand; here both trainers run small so it cannot rot."""
     out = _run(str(ROOT / "benchmarks/gpu_vs_trl.py"), "--arch", "qwen2.5-0.5b", "--layers", "1", "--batch", "2",
-               "--group", "2", "--max-tokens", "8", "--steps", "2")  # fmt: skip
+               "--group", "2", "--max-tokens", "8", "--steps", "2")
     last = out.strip().splitlines()[-1]
     fields = _fields(last)
     assert last.startswith("device=cpu ") and "qwen2.5-0.5b_mfu=n/a" in last  # no peak FLOP/s for a CPU
@@ -156,7 +156,7 @@ def test_gpu_vs_trl_runs_both_trainers_on_the_cpu_at_a_small_shape():
 @pytest.mark.slow
 def test_paged_engine_benchmark_compares_both_engines_on_one_burst():
     out = _run(str(ROOT / "benchmarks/paged_engine.py"), "--layers", "1", "--requests", "6", "--min-tokens", "2",
-               "--max-tokens", "6", "--repeats", "1")  # fmt: skip
+               "--max-tokens", "6", "--repeats", "1")
     last = out.strip().splitlines()[-1]
     fields = _fields(last)
     assert last.startswith("device=cpu ") and fields["hf_tokens_per_s"] > 0 and fields["paged_tokens_per_s"] > 0

@@ -129,7 +129,7 @@ def test_every_module_imports_with_only_the_base_dependencies():
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(BLOCKER), json.dumps(allowed)],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(results) > 60 and "bridges.adapters.tinker.server" in results

@@ -26,7 +26,7 @@ COMMANDS = {  # command -> its options, as ``help`` prints them
     "bridges.compare": "bridges.jobs.compare:CompareConfig", "bridges.serve": "bridges.server.run:ServeConfig",
     "bridges.export": "bridges.jobs.export:ExportConfig", "bridges.sft": "bridges.jobs.sft:SFTRunConfig",
     "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check_template:CheckConfig",
-}  # fmt: skip
+}
 
 
 def slug(heading: str) -> str:
@@ -77,7 +77,7 @@ def render_configuration() -> str:
     parts = ["# Configuration reference\n\n",
              "Every key of every command, generated from the schemas the commands parse "
              "(`tests/test_docs.py` keeps this page current). Each command prints the same with `help` or "
-             "`help=<section>`; `bridges.train help=tinker` (or `trl`, `verl`) prints a backend's section.\n"]  # fmt: skip
+             "`help=<section>`; `bridges.train help=tinker` (or `trl`, `verl`) prints a backend's section.\n"]
     for command, target in COMMANDS.items():
         module, _, attr = target.partition(":")
         schema = getattr(importlib.import_module(module), attr)
@@ -130,7 +130,7 @@ def test_the_readmes_commands_run_dry_where_they_would_train(tmp_path: Path):
         elif args[0] == "bridges.eval":
             args += ["num_examples=2", "rollouts_per_example=1", "progress=false", f"output={tmp_path}/eval"]
         done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300, check=False)  # fmt: skip
+                              timeout=300, check=False)
         assert done.returncode == 0, f"{command}: {done.stderr[-1500:]}"
 
 
@@ -168,13 +168,13 @@ def test_every_command_of_the_guide_runs_dry_where_it_would_train(page: Path, tm
             args = [*args, "num_examples=2", "rollouts_per_example=1", "progress=false", f"output={tmp_path}/eval{index}"]
         env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}
         done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path / folder, capture_output=True, text=True,
-                              timeout=300, check=False, env=env)  # fmt: skip
+                              timeout=300, check=False, env=env)
         assert done.returncode == 0, f"{page.name}: {' '.join(args)}: {done.stderr[-1500:]}"
 
 
 def python_blocks() -> list[tuple[str, str]]:
     return [(f"{page.name}[{i}]", block) for page in [README, *GUIDE]
-            for i, block in enumerate(re.findall(r"```python\n(.*?)\n```", page.read_text(), flags=re.S))]  # fmt: skip
+            for i, block in enumerate(re.findall(r"```python\n(.*?)\n```", page.read_text(), flags=re.S))]
 
 
 @pytest.mark.parametrize("name,block", python_blocks(), ids=[name for name, _ in python_blocks()])
@@ -207,7 +207,7 @@ def test_the_docs_site_builds_with_no_warning(tmp_path: Path):
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr[-3000:]
     reference = (site / "api" / "environments" / "index.html").read_text()
     assert "SingleTurnEnv" in reference and "env_response" in reference  # docstrings, not just names

@@ -28,7 +28,7 @@ def test_my_env_evaluates_from_its_folder(tmp_path: Path):
     result = run(
         "-m", "bridges.eval", "env=my_env", "model=tiny", "num_examples=3", "rollouts_per_example=2",
         "progress=false", f"output={out}", cwd=EXAMPLES,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["stop_reason"] == "completed" for r in rows)
@@ -46,7 +46,7 @@ def test_the_guides_countdown_env_runs_several_turns_and_scores_them(tmp_path: P
     result = run(
         "-m", "bridges.eval", "env=countdown_env", "model=tiny", "num_examples=3", "rollouts_per_example=2",
         "env_args.max_turns=3", "progress=false", f"output={out}", cwd=EXAMPLES,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["error"] is None for r in rows)
@@ -84,7 +84,7 @@ def test_recipe_each_stage_beats_the_one_before(tmp_path: Path):
     """eval -> teacher rollouts -> export -> SFT -> eval -> RL -> eval, as the README shows it."""
     result = subprocess.run([sys.executable, str(EXAMPLES / "recipe_warmup.py"), str(tmp_path / "recipe")],
                             cwd=EXAMPLES, capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     scores = dict(pair.split("=") for pair in result.stdout.strip().splitlines()[-1].split())
     before, after_sft, after_rl = (float(scores[k]) for k in ("before", "after_sft", "after_rl"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"bridges": "bridges", "environments": "bridges.environments", "workflows": "bridges.workflows",
-           "adapters": "bridges.adapters"}  # fmt: skip
+           "adapters": "bridges.adapters"}
 # (layer name, the packages in it); within the two top layers, no package imports another
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("bridges.runtime",)),

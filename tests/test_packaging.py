@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"bridges": "bridges", "adapters": "bridges.adapters", "workflows": "bridges.workflows",
-           "environments": "bridges.environments"}  # fmt: skip
+           "environments": "bridges.environments"}
 
 
 def declared_packages() -> list[str]:
@@ -41,12 +41,12 @@ def test_the_wheel_has_one_top_level_package(tmp_path: Path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    )
     (wheel,) = tmp_path.glob("rl_bridges-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"bridges"}
     for module in ("bridges/adapters/tinker/server.py", "bridges/workflows/rollouts.py",
                    "bridges/environments/repeat_letter.py", "bridges/grpo/trainer.py", "bridges/runs/config.py",
-                   "bridges/models/templates/qwen2.5.jinja"):  # fmt: skip
+                   "bridges/models/templates/qwen2.5.jinja"):
         assert module in names

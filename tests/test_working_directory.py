@@ -30,7 +30,7 @@ def test_every_test_starts_in_an_empty_folder_of_its_own():
 
 def _command(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
 
 @pytest.mark.slow
@@ -48,7 +48,7 @@ def test_command_tests_pass_beside_a_finished_default_run_and_evaluation(tmp_pat
 
     selected = [str(REPO / test) for test in COMMAND_TESTS]
     suite = _command(user_folder, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO),
-                     "-c", str(REPO / "pyproject.toml"), *selected)  # fmt: skip
+                     "-c", str(REPO / "pyproject.toml"), *selected)
     assert suite.returncode == 0, suite.stdout[-3000:]
     assert " passed" in suite.stdout and " failed" not in suite.stdout
     assert sorted(p.name for p in user_folder.iterdir()) == ["outputs", "runs"]  # nothing else written there

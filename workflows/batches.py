@@ -73,7 +73,7 @@ def step_tallies(groups: list[Group], stats: SampleStats, engine_version: int) -
         "completion_tokens": sum(len(t.completion_ids) for s in valid for t in s.turns),
         "samples": stats.samples, "breaks": stats.breaks, "drift_tokens": sum(e.drift_tokens or 0 for e in episodes),
         "max/staleness": engine_version - min(versions) if versions else 0,
-    }  # fmt: skip
+    }
     for reason, count in Counter(e.stop_reason for e in episodes).items():
         tallies[f"stop/{reason}"] = count
     return tallies

@@ -60,4 +60,4 @@ async def run_groups(
                     for j, row in enumerate(rows)
                 )
             )
-        )  # fmt: skip
+        )

@@ -36,7 +36,7 @@ MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stop
 EVAL_SEED_STEP = -1  # every evaluation samples with the seed of this (never trained) step
 # the step row's keys an evaluation reports, under eval/ (the others describe training)
 EVAL_KEYS = ("reward/mean", "reward/std", "episodes/total", "episodes/masked", "episodes/masked_fraction",
-             "tokens/completion_mean")  # fmt: skip
+             "tokens/completion_mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,7 @@ async def run_training(
     """Train from ``start`` to ``trainer.max_steps``; returns the metric rows of this process's steps."""
     t, reducer = config.trainer, spec.reducer
     files = functools.partial(open_run_files, config, spec.run_dir, spec.backend, spec.engine, spec.model,
-                              spec.sampling_args, start.step)  # fmt: skip
+                              spec.sampling_args, start.step)
     opened = files() if reducer.is_main else None
     await asyncio.to_thread(reducer.barrier)  # [distributed] the others append once the files are cut back
     logger, traces = opened or files(main=False)
@@ -135,7 +135,7 @@ async def run_training(
             tallies = reducer.combine(step_tallies(groups, stats, learner.weight_version))
             row = {"step": position.step, **step_metrics(tallies), **result,
                    "timing/train_s": time.perf_counter() - training, "timing/wait_generation_s": waited,
-                   "timing/elapsed_s": time.perf_counter() - started, "weight_version": learner.weight_version}  # fmt: skip
+                   "timing/elapsed_s": time.perf_counter() - started, "weight_version": learner.weight_version}
             if eval_due(config.eval_every, position.step, t.max_steps):
                 row.update(await evaluate(config, spec, learner, traces, position.step))
             if logger is not None:

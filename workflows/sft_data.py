@@ -107,6 +107,6 @@ def sft_rows(
                 "reward": float(state.reward),
                 "example_id": state.example_id,
                 "task": state.task,
-            })  # fmt: skip
+            })
     report.rows = len(rows)
     return rows, report

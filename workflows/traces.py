@@ -103,9 +103,9 @@ def open_run_files(
 
     logger = (MetricsLogger(run_dir, dataclasses.asdict(config), config.report_to, resume_step=step,
                             wandb_project=config.wandb.resolved_project(), wandb_entity=config.wandb.resolved_entity())
-              if main else None)  # fmt: skip
+              if main else None)
     provenance = {"backend": backend, "engine": engine, "model": model, "env_id": config.env,
-                  "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed}  # fmt: skip
+                  "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed}
     return logger, TraceWriter(run_dir / "traces.jsonl", provenance, resume_step=step, tidy=main)
 
 

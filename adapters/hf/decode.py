@@ -101,7 +101,7 @@ def _prefill(
     next_position = torch.tensor(lengths, dtype=torch.long, device=device).unsqueeze(1)
     prefill_kwargs = {"logits_to_keep": 1} if logits_to_keep else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                **prefill_kwargs)  # fmt: skip
+                **prefill_kwargs)
     return out.logits[:, -1, :].float(), out[cache_keyword()], attention_mask, next_position
 
 
@@ -171,6 +171,6 @@ def generate_batch(
             active, alive = [active[pos] for pos in keep_list], [True] * n_alive
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=1)
         out = model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
-                    use_cache=True, **{cache_keyword(): cache})  # fmt: skip
+                    use_cache=True, **{cache_keyword(): cache})
         cache, logits = out[cache_keyword()], out.logits[:, -1, :].float()
         next_position = next_position + 1

@@ -228,7 +228,7 @@ class HFEngine:
                 request.results[i] = Sample(
                     result.token_ids, result.logprobs, result.finish_reason, version, result.stop_str,
                     result.top_logprobs,
-                )  # fmt: skip
+                )
                 request.remaining -= 1
                 if request.remaining == 0 and not request.future.done():
                     request.future.set_result(list(request.results))  # type: ignore[arg-type]

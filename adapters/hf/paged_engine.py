@@ -89,7 +89,7 @@ class PagedEngine(HFEngine):
         cuda_graphs: bool | None = None,
     ) -> None:
         super().__init__(model, tokenizer, max_batch_size=max_batch_size, device=device,
-                         max_model_len=max_model_len, name=name)  # fmt: skip
+                         max_model_len=max_model_len, name=name)
         if cache_tokens is not None and cache_tokens < 1:
             raise InvalidRequestError(f"cache_tokens must be at least 1, got {cache_tokens}.")
         self.cache_tokens = cache_tokens
@@ -164,7 +164,7 @@ class PagedEngine(HFEngine):
             manager.add_request(
                 row.prompt_ids, request_id=request_id, max_new_tokens=row.max_new_tokens,
                 eos_token_id=sorted(row.stop_token_ids), **_per_request(params),
-            )  # fmt: skip
+            )
 
     def _alive(self) -> bool:
         """A manager runs: its loop ends on a failed step (a NaN distribution, an out-of-memory), failing
@@ -199,7 +199,7 @@ class PagedEngine(HFEngine):
         self._warpers = warpers
         generation = self._generation
         self._collector = threading.Thread(target=self._collect, args=(self._manager, generation), daemon=True,
-                                           name=f"{self.name}-results-{generation}")  # fmt: skip
+                                           name=f"{self.name}-results-{generation}")
         self._collector.start()
 
     def _stop_manager(self, hard: bool = False) -> None:

@@ -40,7 +40,7 @@ HONOURED_KEYS = shared_keys() - {
     # the service (or the local server: CUDA when visible) decides where and how the model trains
     "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
     "trainer.num_processes", "trainer.strategy", "trainer.micro_batch_tokens", "trainer.kernels",
-}  # fmt: skip
+}
 # the local server's (and Tinker's) optimizer metrics under the names every backend uses
 TINKER_METRIC_NAMES = {"optim/grad_norm": "grad_norm", "optim/lr": "lr", "optim/skipped": "skipped_nonfinite"}
 
@@ -196,7 +196,7 @@ class _Learner:
     (Tinker runs them in order; we wait once), then a sampler on the new weights."""
 
     def __init__(self, config: TrainConfig, options: TinkerOptions, env: Any, tokenizer: Any, model: str,
-                 training: Any, checkpoints: Checkpoints, start: RunPosition) -> None:  # fmt: skip
+                 training: Any, checkpoints: Checkpoints, start: RunPosition) -> None:
         self.config, self.options, self.env, self.tokenizer, self.model = (
             config,
             options,
@@ -221,7 +221,7 @@ class _Learner:
         return asyncio.create_task(
             run_groups(self.env, rows, client, t.group_size, sampling_args, model=self.model,
                        advantage=advantage_method(t.loss))
-        )  # fmt: skip
+        )
 
     async def train(self, samples: list[Any]) -> dict[str, Any]:
         from bridges.adapters.tinker.datums import sample_to_datum
@@ -272,7 +272,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: validate()
         spec = RunSpec(run_dir, "tinker", "tinker", base_model, env.get_dataset(), sampling_args,
                        ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"], rows_together=env.rows_together,
-                       eval_dataset=eval_rows(config, env))  # fmt: skip
+                       eval_dataset=eval_rows(config, env))
         await run_training(config, spec, learner, start)
     return 0
 
@@ -280,4 +280,4 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
 BACKEND = Backend(
     name="tinker", run=run, honoured_keys=HONOURED_KEYS, parse_options=typed_options(TinkerOptions, "tinker"),
     validate=validate, describe=describe, section_help=typed_section_help(TinkerOptions, "tinker"),
-)  # fmt: skip
+)

@@ -79,7 +79,7 @@ class _Endpoints:
         body, state = await json_body(request), self.state
         policy = state.policy(body.get("model_id"))
         data = {"model_name": state.model_name, "tokenizer_id": state.model.path,
-                "arch": state.model.base.config.model_type}  # fmt: skip
+                "arch": state.model.base.config.model_type}
         return {
             "type": "get_info",
             "model_id": body["model_id"],
@@ -190,7 +190,7 @@ def create_app(state: TinkerState, api_key: str | None = None) -> Any:
         ("POST", "create_sampling_session", api.create_sampling_session),
         ("GET", "samplers/{sampler_id}", api.get_sampler), ("POST", "asample", api.asample),
         ("POST", "retrieve_future", api.retrieve_future),
-    ]  # fmt: skip
+    ]
     for method, path, handler in routes:
         app.add_api_route(f"/api/v1/{path}", handler, methods=[method])
     return app

@@ -31,7 +31,7 @@ TRL_METRIC_NAMES = {
     "reward": "reward/mean", "reward_std": "reward/std", "learning_rate": "lr",
     "completions/mean_length": "tokens/completion_mean", "env/errored_fraction": "episodes/masked_fraction",
     "frac_reward_zero_std": "groups/zero_variance_fraction", "step_time": "timing/trl_step_s",
-}  # fmt: skip
+}
 TRL_EVAL_METRICS = ("reward", "reward_std", "completions/mean_length", "env/errored_fraction")  # as eval/<shared>
 
 
@@ -44,7 +44,7 @@ HONOURED_KEYS = shared_keys() - {
     "trainer.strategy", "trainer.logprob_chunk_tokens",
     "trainer.micro_batch_tokens",  # TRL packs with its own trl.padding_free (flash-attention only)
     "trainer.kernels",  # TRL's own: trl.use_liger_kernel, or torch_compile in its TrainingArguments
-}  # fmt: skip
+}
 
 
 def parse_options(section: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def grpo_metric_row(rollouts_per_step: int, eval_every: int = 0, max_steps: int 
         if "eval_reward" in logs:
             row = held.pop("row", None) or {"step": step}
             return {**row, **{f"eval/{TRL_METRIC_NAMES.get(k[5:], k[5:])}": v for k, v in logs.items()
-                              if k.startswith("eval_") and k[5:] in TRL_EVAL_METRICS}}  # fmt: skip
+                              if k.startswith("eval_") and k[5:] in TRL_EVAL_METRICS}}
         if "reward" not in logs:
             return None
         row = renamed({"step": step, "episodes/total": rollouts_per_step, **logs}, TRL_METRIC_NAMES)
@@ -235,7 +235,7 @@ def check_generation(config: TrainConfig) -> None:
     remote = bool(config.trl.get("vllm_server_base_url"))
     if config.engine == "vllm" and not remote and importlib.util.find_spec("vllm") is None:
         raise ConfigError("engine=vllm with backend=trl runs vLLM in this process: pip install 'rl-bridges[vllm]', "
-                          "or give trl.vllm_server_base_url of a running trl vllm-serve.")  # fmt: skip
+                          "or give trl.vllm_server_base_url of a running trl vllm-serve.")
 
 
 def check_fsdp_generation(config: TrainConfig, env: Any) -> None:
@@ -247,7 +247,7 @@ def check_fsdp_generation(config: TrainConfig, env: Any) -> None:
     from bridges.runtime.launch import accelerate_settings
 
     uses_vllm = {**generation_settings(config, placement(config.trainer.device, config.trainer.dtype)),
-                 **config.trl}.get("use_vllm", False)  # fmt: skip
+                 **config.trl}.get("use_vllm", False)
     if accelerate_settings().get("strategy") == "fsdp" and not uses_vllm and needs_rollout_func(env):
         raise ConfigError(
             f"backend=trl under accelerate's FSDP cannot run {config.env}'s turns on the model it trains (each "
@@ -314,7 +314,7 @@ def section_help() -> str:
     """``help=trl``: the section passes through to TRL's ``GRPOConfig``; its fields, when TRL is here."""
     lines = ["trl keys: any field of trl.GRPOConfig, as trl.<field>=value (checked against GRPOConfig itself);",
              "the shared keys (trainer.*, sampling.*) set the fields they name, and a trl.* key of the same",
-             "field is refused.", ""]  # fmt: skip
+             "field is refused.", ""]
     try:
         from trl import GRPOConfig
     except ImportError:
@@ -328,4 +328,4 @@ def section_help() -> str:
 BACKEND = Backend(
     name="trl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
     describe=describe, section_help=section_help,
-)  # fmt: skip
+)

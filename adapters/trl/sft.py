@@ -34,7 +34,7 @@ def sft_metric_row(step: int, logs: dict[str, Any]) -> dict[str, Any] | None:
     if "loss" not in logs:
         return None
     return {"step": step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
-            "grad_norm": logs.get("grad_norm"), "tokens/seen": logs.get("num_tokens")}  # fmt: skip
+            "grad_norm": logs.get("grad_norm"), "tokens/seen": logs.get("num_tokens")}
 
 
 def _sft_args(config: Any, run_dir: Path) -> Any:
@@ -54,7 +54,7 @@ def _sft_args(config: Any, run_dir: Path) -> Any:
         disable_tqdm=not config.progress, max_length=config.max_length, use_cpu=where.device.type == "cpu",
         bf16=str(where.dtype) == "torch.bfloat16", fp16=str(where.dtype) == "torch.float16",
         gradient_checkpointing=t.gradient_checkpointing == "full", **config.sft,
-    )  # fmt: skip
+    )
 
 
 def run_sft(config: Any, run_dir: Path) -> int:
@@ -77,7 +77,7 @@ def run_sft(config: Any, run_dir: Path) -> int:
     logger = MetricsLogger(run_dir, dataclasses.asdict(config), "none", resume_step=step)
     trainer = SFTTrainer(model=model, args=_sft_args(config, run_dir), train_dataset=training_rows(config.data),
                          processing_class=tokenizer, peft_config=lora_config(config.trainer),
-                         callbacks=[metrics_callback(sft_metric_row, logger)])  # fmt: skip
+                         callbacks=[metrics_callback(sft_metric_row, logger)])
     try:
         trainer.train(resume_from_checkpoint=resume)
     finally:

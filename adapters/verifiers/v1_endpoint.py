@@ -149,13 +149,13 @@ class SessionEndpoint:
         the seat's own model name and sampling), or the refusal."""
         if not 0 < len(key) <= MAX_SESSION_ID:
             raise SessionRefusal(400, f"a call names its session in {SESSION_HEADER} (1-{MAX_SESSION_ID} characters).",
-                                 "invalid_session")  # fmt: skip
+                                 "invalid_session")
         sessions = self.sessions.setdefault(episode, {})
         session = sessions.get(key)
         if session is None:
             if len(sessions) >= MAX_SESSIONS_PER_EPISODE:
                 raise SessionRefusal(429, f"this episode opened {MAX_SESSIONS_PER_EPISODE} sessions, the most it may.",
-                                     "too_many_sessions")  # fmt: skip
+                                     "too_many_sessions")
             forced = self._session_seed(episode, body.get("seed"))
             session = Session(key, client, str(body.get("model", "")), forced, max_calls=MAX_CALLS_PER_SESSION,
                               declared_tools_only=False)  # verifiers' programs answer an unknown tool as vLLM serves it

@@ -45,7 +45,7 @@ def check_program(taskset_id: str, seat: str, harness: Any, harness_config: Any)
     who = f"agent '{seat}' of the verifiers v1 taskset '{taskset_id}' runs the '{harness_config.id}' harness"
     if shutil.which("uv") is None:
         raise ConfigError(f"{who}, a uv script on verifiers' subprocess runtime, and uv is not on PATH: pip install "
-                          f"uv (or set env_args.{seat}.harness.id=null to run it as a chat agent).")  # fmt: skip
+                          f"uv (or set env_args.{seat}.harness.id=null to run it as a chat agent).")
     if harness_config.id in _PREPARED:
         return
     try:
@@ -53,7 +53,7 @@ def check_program(taskset_id: str, seat: str, harness: Any, harness_config: Any)
     except Exception as exc:  # uv's own failure: no index, a dependency that does not resolve
         raise ConfigError(f"{who}, and its program could not be prepared on verifiers' subprocess runtime "
                           f"({describe_exception(exc)[:300]}): uv must be able to install its script's "
-                          "dependencies from the package index.") from None  # fmt: skip
+                          "dependencies from the package index.") from None
     _PREPARED.add(harness_config.id)
 
 

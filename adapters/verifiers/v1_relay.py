@@ -48,7 +48,7 @@ class EndpointRelay(Client):
         self.endpoint, self.client = endpoint, client
 
     async def get_response(self, dialect: Any, body: dict, sampling: Any, session_id: str | None = None,
-                           turn: Any = None, headers: Mapping[str, str] | None = None) -> Any:  # fmt: skip
+                           turn: Any = None, headers: Mapping[str, str] | None = None) -> Any:
         raw = from_json(response_bytes(await self._answer(dialect, body, session_id)))
         try:
             response = dialect.parse_response(dialect.validate_response(raw))
@@ -58,7 +58,7 @@ class EndpointRelay(Client):
         return response
 
     async def relay(self, dialect: Any, body: dict, session_id: str | None = None,
-                    headers: Mapping[str, str] | None = None) -> RelayReply:  # fmt: skip
+                    headers: Mapping[str, str] | None = None) -> RelayReply:
         """A streamed call (verifiers 0.4's programs stream): the recorded reply cut into events, one
         chunk each, as ``EvalClient`` hands them over."""
         reply = chat_reply(await self._answer(dialect, body, session_id), body)
@@ -74,16 +74,16 @@ class EndpointRelay(Client):
         return RelayReply(content_type=reply.content_type, chunks=events(), close=close)
 
     async def relay_aux(self, dialect: Any, route: str, body: dict,
-                        headers: Mapping[str, str] | None = None) -> dict:  # fmt: skip
+                        headers: Mapping[str, str] | None = None) -> dict:
         raise model_error(f"upstream 404: the rollout's endpoint answers {CHAT_PATH} only, not {route}.",
-                          status_code=404)  # fmt: skip
+                          status_code=404)
 
     async def _answer(self, dialect: Any, body: dict, session_id: str | None) -> Any:
         """The engine's response to ``body`` (a copy: verifiers keeps its own), or the refusal raised as
         ``EvalClient`` raises an upstream error status."""
         if dialect.upstream_path != CHAT_PATH:
             raise model_error(f"upstream 404: the rollout's endpoint answers {CHAT_PATH} only, not "
-                              f"{dialect.upstream_path}.", status_code=404)  # fmt: skip
+                              f"{dialect.upstream_path}.", status_code=404)
         status, error, response = await self.endpoint.answer(self.client, dict(body), session_id or "")
         if error is not None:
             raise model_error(f"upstream {status}: {json.dumps(error)}", status_code=status)

@@ -118,7 +118,7 @@ class InProcessChatHarness(vf.Harness[InProcessChatConfig]):
     EXECUTES_CODE = False
 
     async def launch(self, ctx: Any, trace: Any, runtime: Any, endpoint: str, secret: str,
-                     mcp_urls: dict[str, str], data: Any) -> Any:  # fmt: skip
+                     mcp_urls: dict[str, str], data: Any) -> Any:
         """The null program's loop: chat, run the tools the reply calls, until a reply calls none."""
         system, prompt = self.resolve_prompt(data)
         messages: list[Any] = [{"role": "system", "content": system}] if system else []

@@ -63,7 +63,7 @@ async def open_toolbox(mcp_urls: dict[str, str]) -> ToolBox:
                     "type": "function",
                     "function": {"name": name, "description": tool.get("description") or "",
                                  "parameters": tool["inputSchema"]},
-                })  # fmt: skip
+                })
     return box
 
 

@@ -50,7 +50,7 @@ def _joined(env: dict[str, str]) -> Iterator[Any]:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=False, logging_level="ERROR")
     except Exception as exc:  # a wrong address, a cluster that is gone, an auth mismatch
         raise ConfigError(f"RAY_ADDRESS={address} names no Ray cluster this process can join "
-                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).") from None  # fmt: skip
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).") from None
     try:
         yield ray
     finally:
@@ -63,7 +63,7 @@ def _on_each_node(ray: Any, function: Any, *args: Any) -> list[tuple[dict[str, A
 
     task = ray.remote(num_cpus=0)(function)
     return [(node, task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-             .remote(*args)) for node in ray.nodes() if node.get("Alive")]  # fmt: skip
+             .remote(*args)) for node in ray.nodes() if node.get("Alive")]
 
 
 def check_nodes(
@@ -85,7 +85,7 @@ def check_nodes(
                     "every node shares and in PYTHONPATH."
                 )
         return [NodeResources(str(node["NodeManagerAddress"]), float(node.get("Resources", {}).get("CPU", 0)),
-                              int(node.get("Resources", {}).get("GPU", 0))) for node, _ in pending]  # fmt: skip
+                              int(node.get("Resources", {}).get("GPU", 0))) for node, _ in pending]
 
 
 def _reachable(address: str) -> None:
@@ -97,7 +97,7 @@ def _reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
     except OSError as exc:
         raise ConfigError(f"RAY_ADDRESS={address}: nothing answers there ({exc.strerror or exc}); start the "
-                          "cluster with ray start --head, or unset RAY_ADDRESS to let verl start its own.") from None  # fmt: skip
+                          "cluster with ray start --head, or unset RAY_ADDRESS to let verl start its own.") from None
 
 
 def _answer(ray: Any, ref: Any, timeout: float) -> tuple[Any, str | None]:
@@ -143,7 +143,7 @@ def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIME
                 text, problem = _answer(ray, ref, timeout)
                 if problem is not None:
                     print(f"the traces of Ray node {node['NodeManagerAddress']} were not brought over (it {problem}); "
-                          f"they stay in {run_dir / 'traces.jsonl'} on that node.", file=sys.stderr, flush=True)  # fmt: skip
+                          f"they stay in {run_dir / 'traces.jsonl'} on that node.", file=sys.stderr, flush=True)
                 elif text:
                     texts.append(text)
     except ConfigError as exc:

@@ -49,7 +49,7 @@ class NativeRows:
                 data = entry.get("data") if isinstance(entry, dict) else None
                 if isinstance(data, dict) and "actor/pg_loss" in data:  # a training step, not validation
                     rows.append({"step": int(entry.get("step", 0)), "reward/mean": data.get("critic/score/mean"),
-                                 "loss": data.get("actor/pg_loss")})  # fmt: skip
+                                 "loss": data.get("actor/pg_loss")})
         return rows
 
 

@@ -120,7 +120,7 @@ class HFRolloutServer:
             raise RuntimeError(self._broken)
         sample = (await self.engine.generate(list(prompt_ids), params))[0]
         return TokenOutput(token_ids=sample.token_ids, log_probs=sample.logprobs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})  # fmt: skip
+                           extra_fields={"global_steps": self.global_steps})
 
     async def update_weights(self, tensors: dict[str, Any], global_steps: int | None = None) -> int:
         await self.engine.aupdate_weights(tensors)
@@ -241,7 +241,7 @@ class HFReplica(RolloutReplica):
                      **placement)
             .remote(model_path=str(model.local_path), response_length=int(self.config.response_length),
                     device="cpu" if os.environ.get(CPU_FLAG) == "1" else replica_device(gpus, uuid))
-        )  # fmt: skip
+        )
         self.servers = [server]
         self._server_handle = server
         self._server_address = name  # token-in/token-out needs no HTTP; the load balancer keys on it

@@ -58,7 +58,7 @@ HONOURED_KEYS = shared_keys() - {
     "trainer.num_processes", "trainer.strategy",
     "trainer.micro_batch_tokens",  # verl packs with its own use_remove_padding (verl.actor_rollout_ref.*)
     "trainer.kernels",  # verl's own: actor_rollout_ref.model.use_liger / use_fused_kernels
-}  # fmt: skip
+}
 
 
 def agent_name(config: TrainConfig) -> str:
@@ -108,7 +108,7 @@ def launch_env(gpus: int, run_dir: Path) -> dict[str, str]:
     modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN]
     env = {k: v for k, v in os.environ.items() if k.startswith("BRIDGES_") and k != CPU_FLAG}
     env |= {"VERL_USE_EXTERNAL_MODULES": ",".join([*modules, PLUGIN]), "PYTHONPATH": worker_pythonpath(),
-            "VERL_FILE_LOGGER_PATH": str(run_dir / NATIVE_METRICS)}  # fmt: skip
+            "VERL_FILE_LOGGER_PATH": str(run_dir / NATIVE_METRICS)}
     if gpus == 0:
         env[CPU_FLAG] = "1"
     return env
@@ -132,10 +132,10 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
     rows = fold_metrics(run_dir, resume_step)
     if code != 0:
         print(f"verl's trainer exited with code {code}; the steps it finished are in "
-              f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)  # fmt: skip
+              f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)
     else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints/", "verl/"])  # fmt: skip
+                   ["metrics.jsonl", "traces.jsonl", "checkpoints/", "verl/"])
     return code
 
 
@@ -208,7 +208,7 @@ def ratio_cap_overrides(cap: float | None, recomputed: bool) -> dict[str, Any]:
     keys: dict[str, Any] = {"actor_rollout_ref.actor.clip_ratio_c": cap}
     if recomputed:
         keys |= {"algorithm.rollout_correction.rollout_is": "token",
-                 "algorithm.rollout_correction.rollout_is_threshold": cap}  # fmt: skip
+                 "algorithm.rollout_correction.rollout_is_threshold": cap}
     return keys
 
 
@@ -237,9 +237,9 @@ def prepare(
     check_batch_fits(config, layout)
     gpus = layout.gpus_per_node
     provenance = {"backend": "verl", "engine": rollout_name(config, gpus), "model": config.model,
-                  "env_id": config.env, "env_args": config.env_args, "seed": config.seed}  # fmt: skip
+                  "env_id": config.env, "env_args": config.env_args, "seed": config.seed}
     registration = [{"name": name, "_target_": AGENT_LOOP_TARGET, "env_id": config.env, "env_args": config.env_args,
-                     "run_dir": str(run_dir), "provenance": provenance}]  # fmt: skip
+                     "run_dir": str(run_dir), "provenance": provenance}]
     files["agent_loops"].write_text(json.dumps(registration, indent=2) + "\n")  # JSON is valid YAML
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = prompt_budget(env, tokenizer), completion_budget(config, env)
@@ -393,4 +393,4 @@ def section_help() -> str:
 BACKEND = Backend(
     name="verl", run=run, honoured_keys=HONOURED_KEYS, parse_options=parse_options, validate=validate,
     describe=describe, section_help=section_help,
-)  # fmt: skip
+)

@@ -20,7 +20,7 @@ def merge_actor(actor: Path, staging: Path) -> None:
             "python -m verl.model_merger merge --backend megatron."
         )
     config = ModelMergerConfig(operation="merge", backend="fsdp", local_dir=str(actor), target_dir=str(staging),
-                               hf_model_config_path=str(actor / "huggingface"))  # fmt: skip
+                               hf_model_config_path=str(actor / "huggingface"))
     merger = FSDPModelMerger(config)
     merger.merge_and_save()
     merger.cleanup()

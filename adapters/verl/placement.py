@@ -103,10 +103,10 @@ def attention(gpus: int) -> tuple[dict[str, Any], str]:
     """The attention kernel and remove-padding, chosen together, and the sentence the run prints."""
     if gpus > 0 and importlib.util.find_spec("flash_attn") is not None:
         keys = {"actor_rollout_ref.model.use_remove_padding": True,
-                "+actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2"}  # fmt: skip
+                "+actor_rollout_ref.model.override_config.attn_implementation": "flash_attention_2"}
         return keys, "verl attention: flash_attention_2 with remove-padding (flash_attn is installed)"
     keys = {"actor_rollout_ref.model.use_remove_padding": False,
-            "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}  # fmt: skip
+            "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}
     why = "no GPU" if gpus == 0 else "flash_attn is not installed; pip install flash-attn for packed batches"
     return keys, f"verl attention: sdpa without remove-padding ({why})"
 
@@ -144,7 +144,7 @@ def placement_overrides(config: TrainConfig, layout: GpuLayout, model_path: str 
     }
     if gpus > 0:
         return keys | {"actor_rollout_ref.actor.use_dynamic_bsz": True,
-                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": TOKENS_PER_GPU}  # fmt: skip
+                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": TOKENS_PER_GPU}
     if not os.environ.get("RAY_ADDRESS"):  # a cluster already running has its resources (ray start)
         keys |= {
             "+ray_kwargs.ray_init.num_gpus": 1,  # verl counts only GPU resources: one logical slot

@@ -26,7 +26,7 @@ NATIVE_METRICS = "verl/native_metrics.jsonl"
 VERL_METRIC_NAMES = {
     "actor/pg_loss": "loss", "actor/grad_norm": "grad_norm", "actor/lr": "lr",
     "response_length/mean": "tokens/completion_mean", "timing_s/step": "timing/step_s",
-}  # fmt: skip
+}
 _WRITERS: dict[str, TraceWriter] = {}
 
 
@@ -89,7 +89,7 @@ def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if mean is not None else None
         masked = len(lines) - len(valid)
         figures = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
-                   "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}  # fmt: skip
+                   "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}
         rows[step].update({f"{prefix}{k}": v for k, v in figures.items()})
     return rows
 

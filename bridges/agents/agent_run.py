@@ -74,7 +74,7 @@ INHERITED = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "TMP", "TEMP",
     "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "SSL_CERT_FILE",
     "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NO_PROXY", "no_proxy", "SYSTEMROOT", "COMSPEC",
-})  # fmt: skip
+})
 
 
 def is_secret(name: str) -> bool:
@@ -90,7 +90,7 @@ def agent_environment(at: Endpoint, extra: Mapping[str, str], inherit: Sequence[
     own = {k: v for k, v in os.environ.items() if (k in INHERITED or k.startswith("LC_")) and not is_secret(k)}
     named = {k: os.environ[k] for k in inherit if k in os.environ}
     return {**own, **named, **extra, "OPENAI_BASE_URL": at.base_url, "OPENAI_API_KEY": at.api_key,
-            "ANTHROPIC_BASE_URL": at.anthropic_url, "ANTHROPIC_API_KEY": at.api_key}  # fmt: skip
+            "ANTHROPIC_BASE_URL": at.anthropic_url, "ANTHROPIC_API_KEY": at.api_key}
 
 
 async def run_command(
@@ -102,7 +102,7 @@ async def run_command(
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env=agent_environment(at, env, inherit), preexec_fn=die_with_parent,
-        )  # fmt: skip
+        )
     except OSError as exc:
         return AgentOutcome(error=f"the agent command {argv[0]!r} could not start: {describe_exception(exc)}")
     tail = bytearray()
@@ -112,7 +112,7 @@ async def run_command(
             await process.wait()
     except TimeoutError:
         return AgentOutcome(error=f"the agent did not finish within agent_timeout={timeout} s; its "
-                            "processes were killed.", timed_out=True)  # fmt: skip
+                            "processes were killed.", timed_out=True)
     finally:  # the group goes first: a child left holding the pipe would keep the reader waiting
         await _kill_group(process)
         with contextlib.suppress(Exception):

@@ -29,7 +29,7 @@ FIELD_TYPES: dict[str, tuple[str, ...]] = {
     "messages": ("array",), "system": ("string", "array"), "max_tokens": ("integer",),
     "stop_sequences": ("array",), "tools": ("array",), "tool_choice": ("object",), "temperature": ("number",),
     "top_p": ("number",), "top_k": ("integer",), "stream": ("boolean",), "metadata": ("object",),
-}  # fmt: skip
+}
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -73,7 +73,7 @@ def _message(role: str, blocks: list[dict[str, Any]], where: str) -> list[dict[s
         elif kind == "tool_use" and role == "assistant":
             arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
             calls.append({"id": str(block.get("id", "")), "type": "function",
-                          "function": {"name": str(block.get("name", "")), "arguments": arguments}})  # fmt: skip
+                          "function": {"name": str(block.get("name", "")), "arguments": arguments}})
         elif kind == "tool_result" and role == "user":
             text = _block_text(block.get("content", ""), f"{where}.content[{j}].content")
             out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
@@ -117,7 +117,7 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
             raise _refuse(f"'tools[{i}]' is not a client tool with an input_schema; server tools are not run here.")
     if tools:
         out["tools"] = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
-                                                          "parameters": t["input_schema"]}} for t in tools]  # fmt: skip
+                                                          "parameters": t["input_schema"]}} for t in tools]
     choice = body.get("tool_choice") or {}
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind == "any":
@@ -138,14 +138,14 @@ def from_chat(payload: dict[str, Any], body: dict[str, Any], session: Session) -
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                        "input": _tool_input(call["function"]["arguments"])})  # fmt: skip
+                        "input": _tool_input(call["function"]["arguments"])})
     usage = payload.get("usage") or {}
     return {
         "id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": payload.get("model"),
         "content": content, "stop_reason": STOP_REASONS.get(choice.get("finish_reason"), "end_turn"),
         "stop_sequence": None,
         "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0)},
-    }  # fmt: skip
+    }
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
@@ -169,8 +169,8 @@ def events(message: dict[str, Any]) -> list[dict[str, Any]]:
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
         out += [{"type": "content_block_start", "index": index, "content_block": opened},
                 {"type": "content_block_delta", "index": index, "delta": delta},
-                {"type": "content_block_stop", "index": index}]  # fmt: skip
+                {"type": "content_block_stop", "index": index}]
     out.append({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]}})  # fmt: skip
+                "usage": {"output_tokens": message["usage"]["output_tokens"]}})
     out.append({"type": "message_stop"})
     return out

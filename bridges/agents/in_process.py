@@ -96,7 +96,7 @@ def _split(path: str) -> tuple[str, str]:
 
 def _response(reply: Reply, request: httpx2.Request) -> httpx2.Response:
     return httpx2.Response(reply.status, headers={"content-type": reply.content_type}, content=reply.body,
-                           request=request)  # fmt: skip
+                           request=request)
 
 
 def _jsonable(value: Any) -> Any:
@@ -142,7 +142,7 @@ class SessionClient(openai.AsyncOpenAI):
         route = path.lstrip("/")
         extra = dict(options or {})
         direct = (not stream and not rest and route in session_routes.ROUTES and isinstance(cast_to, type)
-                  and issubclass(cast_to, _raw_response_types()) and set(extra) <= {"headers", "extra_json"})  # fmt: skip
+                  and issubclass(cast_to, _raw_response_types()) and set(extra) <= {"headers", "extra_json"})
         if not direct:
             sdk_options: Any = options or {}
             return await super().post(path, cast_to=cast_to, body=body, options=sdk_options, stream=stream, **rest)

@@ -74,7 +74,7 @@ class LoopbackServer:
         except web.HTTPRequestEntityTooLarge:
             return _response(web, session_routes.refusal_reply(
                 413, f"the request body is larger than {MAX_BODY_BYTES} bytes.", "body_too_large", route == "messages"
-            ))  # fmt: skip
+            ))
         return _response(web, await session_routes.answer(self.sessions, request.match_info["session"], route, raw))
 
     async def _models(self, request: Any) -> Any:

@@ -30,7 +30,7 @@ FIELD_TYPES: dict[str, tuple[str, ...]] = {
     "tools": ("array",), "tool_choice": ("string", "object"), "max_output_tokens": ("integer",),
     "temperature": ("number",), "top_p": ("number",), "seed": ("integer",), "stream": ("boolean",),
     "background": ("boolean",), "parallel_tool_calls": ("boolean",), "user": ("string",), "metadata": ("object",),
-}  # fmt: skip
+}
 
 
 def _refuse(message: str) -> SessionRefusal:
@@ -55,7 +55,7 @@ def _text(content: Any, where: str) -> str:
 def _append_call(messages: list[dict[str, Any]], item: dict[str, Any]) -> None:
     """A ``function_call`` item joins the assistant message before it (one message, several calls)."""
     call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
-            "function": {"name": str(item.get("name", "")), "arguments": str(item.get("arguments", ""))}}  # fmt: skip
+            "function": {"name": str(item.get("name", "")), "arguments": str(item.get("arguments", ""))}}
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
         last.setdefault("tool_calls", []).append(call)
@@ -98,7 +98,7 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
             raise _refuse(f"'tools[{i}]' is a '{kind}' tool; this server runs function tools only.")
     if tools:
         out["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
-                                                            if k in t}} for t in tools]  # fmt: skip
+                                                            if k in t}} for t in tools]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
@@ -136,11 +136,11 @@ def from_chat(payload: dict[str, Any], body: dict[str, Any], session: Session) -
     if message.get("content"):
         output.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed",
                        "role": "assistant", "content": [{"type": "output_text", "text": message["content"],
-                                                         "annotations": []}]})  # fmt: skip
+                                                         "annotations": []}]})
     for call in message.get("tool_calls") or []:
         output.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
                        "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                       "status": "completed"})  # fmt: skip
+                       "status": "completed"})
     usage = payload.get("usage") or {}
     cut = choice.get("finish_reason") == "length"
     response = {
@@ -154,7 +154,7 @@ def from_chat(payload: dict[str, Any], body: dict[str, Any], session: Session) -
         "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
                   "total_tokens": usage.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
-    }  # fmt: skip
+    }
     session.threads[response["id"]] = session.last_exchange()
     return response
 
@@ -163,14 +163,14 @@ def events(response: dict[str, Any]) -> list[dict[str, Any]]:
     """The Responses stream of a finished response: created, each output item with its deltas, completed."""
     shell = {**response, "status": "in_progress", "output": [], "usage": None}
     out: list[dict[str, Any]] = [{"type": "response.created", "response": shell},
-                                 {"type": "response.in_progress", "response": shell}]  # fmt: skip
+                                 {"type": "response.in_progress", "response": shell}]
     for index, item in enumerate(response["output"]):
         out.append({"type": "response.output_item.added", "output_index": index,
-                    "item": {**item, "status": "in_progress", **_empty(item)}})  # fmt: skip
+                    "item": {**item, "status": "in_progress", **_empty(item)}})
         out += _item_deltas(index, item)
         out.append({"type": "response.output_item.done", "output_index": index, "item": item})
     out.append({"type": "response.completed" if response["status"] == "completed" else "response.incomplete",
-                "response": response})  # fmt: skip
+                "response": response})
     return [{**event, "sequence_number": n} for n, event in enumerate(out)]
 
 
@@ -182,7 +182,7 @@ def _item_deltas(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     where = {"output_index": index, "item_id": item["id"]}
     if item["type"] == "function_call":
         return [{"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
-                {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]}]  # fmt: skip
+                {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]}]
     part = item["content"][0]
     at = {**where, "content_index": 0}
     return [

@@ -44,7 +44,7 @@ def refusal_reply(status: int, message: str, code: str, anthropic: bool = False)
 
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "array": list, "object": dict, "boolean": bool,
-                               "integer": int, "number": (int, float)}  # fmt: skip
+                               "integer": int, "number": (int, float)}
 
 
 def check_field_types(body: dict[str, Any], types: dict[str, tuple[str, ...]]) -> None:
@@ -84,7 +84,7 @@ async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) ->
     except (TypeError, ValueError, AttributeError, KeyError, IndexError):  # a shape deeper than the checks
         name = dialect.NAME if dialect is not None else "Chat Completions"
         return refusal_reply(400, f"the request body is not a well-formed {name} request.", "invalid_request",
-                             anthropic)  # fmt: skip
+                             anthropic)
     status, error, response = await answer_chat(session, chat)
     if error is not None:
         return json_reply(status, anthropic_dialect.error_shape(error) if anthropic else error)

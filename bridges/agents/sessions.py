@@ -71,7 +71,7 @@ class SessionRefusal(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": "invalid_request_error", "param": None,
-                          "code": self.code}}  # fmt: skip
+                          "code": self.code}}
 
 
 def closed_refusal() -> SessionRefusal:
@@ -126,7 +126,7 @@ class Session:
             raise SessionRefusal(429, f"this session is over its cap: {self.over_cap}", "session_cap")
         if self.budget is not None and self.budget.used >= self.budget.limit:
             raise SessionRefusal(429, f"this server's sessions hold {self.budget.limit / 2**30:.1f} GiB of records, "
-                                 "the most it keeps; close finished sessions.", "server_sessions_full")  # fmt: skip
+                                 "the most it keeps; close finished sessions.", "server_sessions_full")
         self.calls_started += 1
 
     def record(self, messages: list[Any], response: Any) -> None:
@@ -135,7 +135,7 @@ class Session:
         much as recording."""
         if self.closed:  # answered after its rollout ended: the rollout's turns are already taken
             raise SessionRefusal(410, "this session closed while the call ran; nothing was recorded.",
-                                 "session_closed")  # fmt: skip
+                                 "session_closed")
         self.responses.append(response)
         self.conversations.append(messages)
         usage = getattr(response, "usage", None)
@@ -161,10 +161,10 @@ class Sessions:
     def open(
         self, client: Any, model: str, forced: dict[str, Any], max_calls: int = MAX_CALLS,
         max_sampled_tokens: int = MAX_SAMPLED_TOKENS, max_prompt_tokens: int | None = None,
-    ) -> Session:  # fmt: skip
+    ) -> Session:
         self.close_idle()
         session = Session(secrets.token_urlsafe(24), client, model, dict(forced), max_calls, max_sampled_tokens,
-                          max_prompt_tokens, self.budget)  # fmt: skip
+                          max_prompt_tokens, self.budget)
         self._open[session.id] = session
         return session
 
@@ -194,7 +194,7 @@ class Sessions:
         if session_id in self._closed:
             raise closed_refusal()
         raise SessionRefusal(404, "no session has this id; use the base URL your rollout was given.",
-                             "session_not_found")  # fmt: skip
+                             "session_not_found")
 
     def __len__(self) -> int:
         return len(self._open)

@@ -171,7 +171,7 @@ class _InProcessTransport(httpx2.AsyncBaseTransport):
             body = await response.response.aread()
             return httpx2.Response(200, headers=response.response.headers, content=body, request=request)
         return httpx2.Response(200, headers={"content-type": "application/json"}, content=response_bytes(response),
-                               request=request)  # fmt: skip
+                               request=request)
 
 
 class _ChatCompletions(_SDKChatCompletions):
@@ -477,7 +477,7 @@ class EngineClient(openai.AsyncOpenAI):
                 return called_names(chat_choice(0, s, text, parse, None, self.family.reasoning, forced))
 
             samples = await redraw_undeclared(samples, params, names, read,
-                                              lambda p: self._generate(prompt_ids, p, 1, request.timeout, CHAT_PATH))  # fmt: skip
+                                              lambda p: self._generate(prompt_ids, p, 1, request.timeout, CHAT_PATH))
             if request.n == 1 and not declared_only(read(samples[0]), names):  # none named one: name it, as a
                 request.tool_name = fallback_name(names, params.seed)  # named tool_choice does (prefilled)
                 return await self._chat_payload(request)
@@ -518,7 +518,7 @@ class EngineClient(openai.AsyncOpenAI):
     def _stream(
         self, payload: dict[str, Any], prompt_ids: list[int], samples: list[Sample], streaming: Streaming,
         chunk_type: type, path: str,
-    ) -> openai.AsyncStream[Any]:  # fmt: skip
+    ) -> openai.AsyncStream[Any]:
         """The SDK's own ``AsyncStream`` over the server-sent events ``bridges.serve`` would send."""
         body = sse_body(stream_chunks(payload, prompt_ids, samples, streaming.include_usage))
         http = httpx2.Response(
@@ -548,7 +548,7 @@ class EngineClient(openai.AsyncOpenAI):
         vocabulary = len(self.engine.tokenizer)
         if not 0 <= min(prompt_ids) <= max(prompt_ids) < vocabulary:
             raise bad_request(f"'prompt' token ids must be from 0 to {vocabulary - 1} (the model's vocabulary).",
-                              param="prompt", path=COMPLETIONS_PATH)  # fmt: skip
+                              param="prompt", path=COMPLETIONS_PATH)
         params = request.params
         self._budget(len(prompt_ids), request.max_tokens, params, COMPLETIONS_PATH)
         samples = await self._generate(prompt_ids, params, request.n, request.timeout, COMPLETIONS_PATH)

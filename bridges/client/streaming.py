@@ -49,7 +49,7 @@ def _chat_choice_chunks(choice: dict[str, Any], sample: Sample) -> list[dict[str
         out.append(delta({"tool_calls": [{"index": j, **call}]}))
     finish = delta({})
     finish.update(finish_reason=choice["finish_reason"], token_ids=sample.token_ids,
-                  token_logprobs=sample.logprobs)  # fmt: skip
+                  token_logprobs=sample.logprobs)
     out.append(finish)
     return out
 
@@ -58,7 +58,7 @@ def _completion_choice_chunks(choice: dict[str, Any], sample: Sample) -> list[di
     index = choice["index"]
     text = {"index": index, "text": choice["text"], "finish_reason": None, "logprobs": choice["logprobs"]}
     finish = {"index": index, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None,
-              "token_ids": sample.token_ids, "token_logprobs": sample.logprobs}  # fmt: skip
+              "token_ids": sample.token_ids, "token_logprobs": sample.logprobs}
     return [text, finish]
 
 

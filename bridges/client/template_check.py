@@ -30,7 +30,7 @@ from bridges.client.responses import split_reasoning
 from bridges.envs.types import Sample, SamplingParams
 
 _TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.", "parameters": {
-    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]  # fmt: skip
+    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]
 _CALL = {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "a"}'}}
 _TOOLS_KEY = tools_key(_TOOLS)
 _SYSTEM = {"role": "system", "content": "You are a careful assistant."}
@@ -88,7 +88,7 @@ class TemplateReport:
             return f"tool calls will not parse: {self.tool_round_trip_detail}; {head}"
         if self.history_rewritten:
             return (f"drift by design: the template rewrites history ({self.rewrites[0]}); training stays "
-                    f"token-exact through the ledger, re-rendered prompts would not; {head}")  # fmt: skip
+                    f"token-exact through the ledger, re-rendered prompts would not; {head}")
         return f"safe: prefix-preserving, ledger extends every turn, tool calls round-trip; {head}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -224,7 +224,7 @@ def _end_of_turn(tokenizer: Any, renderer: ChatRenderer, report: TemplateReport)
     prints = bool(bos) and text.startswith(bos)
     adds = bool(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]
     report.bos = (f"the template prints {bos}" if prints else "no BOS from the template") + (
-        f"; the tokenizer would add {bos} too (the client encodes without it)" if adds and prints else "")  # fmt: skip
+        f"; the tokenizer would add {bos} too (the client encodes without it)" if adds and prints else "")
 
 
 def check_template(

@@ -308,7 +308,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
         f"{DEEPSEEK_CALLS_OPEN}{DEEPSEEK_CALL_OPEN}function{DEEPSEEK_SEP}{{name}}{_DEEPSEEK_FENCE_OPEN}",
         (DEEPSEEK_CALLS_CLOSE, DEEPSEEK_CALL_CLOSE, _DEEPSEEK_FENCE_CLOSE.strip()),
     ),
-}  # fmt: skip
+}
 
 
 def get_tool_format(name: str) -> ToolFormat:

@@ -90,7 +90,7 @@ def save_checkpoint(
         save_tensors(staging / TRAINER_TENSORS, {**optim_tensors, **rng_tensors})
         meta = {"optimizer": optim_meta, "scheduler": scheduler.state_dict(), "rng": rng_meta,
                 "optimizer_keys": "name" if world.sharded else "position",
-                "loss_scale": scaler.state_dict() if scaler is not None else {}}  # fmt: skip
+                "loss_scale": scaler.state_dict() if scaler is not None else {}}
         (staging / TRAINER_META).write_text(json.dumps(meta))
         (staging / "state.json").write_text(json.dumps(asdict(state)))
         write_manifest(staging)

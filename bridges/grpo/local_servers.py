@@ -41,10 +41,10 @@ class LocalServers:
             port = free_port()
             command = [sys.executable, "-m", "bridges.serve", f"model={model}", "engine=hf", f"device={device}",
                        f"port={port}", f"api_key={self.api_key}", f"weights_key={self.weights_key}",
-                       "access_log=false"]  # fmt: skip
+                       "access_log=false"]
             self._files.append(log.open("wb"))
             self.processes.append(subprocess.Popen(command, stdout=self._files[-1], stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))  # fmt: skip
+                                                   stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
             self.urls.append(f"http://127.0.0.1:{port}")
 
     async def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
@@ -56,13 +56,13 @@ class LocalServers:
                 for i in sorted(waiting):
                     if self.processes[i].poll() is not None:
                         raise EngineError(f"inference server {i} exited with code {self.processes[i].returncode} "
-                                          f"before it answered: {self.tail(i)}")  # fmt: skip
+                                          f"before it answered: {self.tail(i)}")
                     with contextlib.suppress(httpx2.HTTPError):
                         if (await http.get(f"{self.urls[i]}/health")).status_code == 200:
                             waiting.discard(i)
                 if waiting and time.monotonic() > deadline:
                     raise EngineError(f"inference server {min(waiting)} did not answer within {timeout:.0f} s; "
-                                      f"see {self.logs[min(waiting)]}.")  # fmt: skip
+                                      f"see {self.logs[min(waiting)]}.")
                 await asyncio.sleep(0.5)
 
     def tail(self, i: int, lines: int = 3) -> str:
@@ -80,5 +80,5 @@ def server_devices(count: int, devices: list[str]) -> list[str]:
     """One device per server: those given, or the CPU for each."""
     if devices and len(devices) != count:
         raise ConfigError(f"trainer.server_devices names {len(devices)} devices for trainer.servers={count}; "
-                          "give one per server.")  # fmt: skip
+                          "give one per server.")
     return list(devices) or ["cpu"] * count

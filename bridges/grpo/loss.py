@@ -87,7 +87,7 @@ def policy_loss(
     shown = max(tokens, 1.0)
     return LossOutput(loss=per_sample_B.mean(), per_sample_B=per_sample_B, clip_fraction=clipped / shown,
                       mean_ratio=ratio_sum / shown, kl=kl_sum / shown, tokens=tokens, clipped_tokens=clipped,
-                      ratio_sum=ratio_sum, kl_sum=kl_sum)  # fmt: skip
+                      ratio_sum=ratio_sum, kl_sum=kl_sum)
 
 
 def sequence_logprobs(
@@ -117,5 +117,5 @@ def sequence_logprobs(
     wanted_B_L = torch.cat([wanted_B_T, torch.zeros_like(wanted_B_T[:, :1])], dim=1)
     logps_B_L = token_logprobs(model, input_ids_B_L, attention_mask_B_L, targets_B_L, wanted_B_L,
                                temperature=temperature, chunk_tokens=chunk_tokens, chunked=chunked,
-                               fp32_grad=fp32_grad, packed=packed)  # fmt: skip
+                               fp32_grad=fp32_grad, packed=packed)
     return logps_B_L[:, :-1]

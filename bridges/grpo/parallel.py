@@ -56,7 +56,7 @@ ONE_PROCESS = World()
 
 def world_from_env(strategy: str = "ddp") -> World:
     return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                 int(os.environ.get("LOCAL_RANK", "0")), strategy)  # fmt: skip
+                 int(os.environ.get("LOCAL_RANK", "0")), strategy)
 
 
 def start(world: World, device: torch.device) -> None:
@@ -191,7 +191,7 @@ def load_full_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
     if unknown:
         raise RuntimeError(f"tensors the model does not have: {unknown[:3]}")
     set_model_state_dict(model, {k: v for k, v in tensors.items() if k in own},
-                         options=StateDictOptions(full_state_dict=True, strict=False))  # fmt: skip
+                         options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def checkpoint_state(

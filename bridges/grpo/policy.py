@@ -69,7 +69,7 @@ def make_engine(
     engine_model, _ = load_policy(config, where, for_sampling=True)
     options = {"reserve_bytes": reserve_bytes} if choice == "paged" else {}
     return engine_class(choice)(engine_model, tokenizer, device=where.device,
-                                max_batch_size=max(64, config.trainer.group_size), **options)  # fmt: skip
+                                max_batch_size=max(64, config.trainer.group_size), **options)
 
 
 def auto_engine(on_gpu: bool, processes: int) -> str:

@@ -35,7 +35,7 @@ class MasterWeights:
         self.pairs = [
             (name, p, torch.nn.Parameter(p.detach().to(torch.float32).clone())) for name, p in trainable
             if p.dtype != torch.float32
-        ]  # fmt: skip
+        ]
         self.params = [p for _, p in trainable if p.dtype == torch.float32] + [m for _, _, m in self.pairs]
         """What the optimizer steps: the fp32 trainable parameters, then the masters."""
         self._master_of = {id(p): m for _, p, m in self.pairs}

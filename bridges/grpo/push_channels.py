@@ -95,10 +95,10 @@ class CollectiveChannel:
         """The server validates the join and answers at once, then completes the group from its side."""
         prefix = f"pair/{next(self._prefixes)}/"
         body = {"host": _address_towards(url), "port": self.store.port, "prefix": prefix,
-                "backend": self.name, "timeout_s": PAIR_TIMEOUT_S}  # fmt: skip
+                "backend": self.name, "timeout_s": PAIR_TIMEOUT_S}
         _check(await http.post(f"{url}/v1/weights/channel", json=body, headers=self.headers))
         pair = await asyncio.to_thread(bound(self.device, Pair), self.store, prefix, 0, self.name, PAIR_TIMEOUT_S,
-                                       self.device)  # fmt: skip
+                                       self.device)
         self.pairs[url] = pair
         return pair
 

@@ -89,7 +89,7 @@ class ProcessRollouts:
         self._shared = {
             name: p.detach().to("cpu").clone().share_memory_() for name, p in policy.named_parameters()
             if name in trainable_names(policy)
-        }  # fmt: skip
+        }
         del policy
         self._lock = context.Lock()
         self._conn, child = context.Pipe()

@@ -49,7 +49,7 @@ class InProcessRollouts:
     def __init__(
         self, engine: TrainableEngine, env: Any, group_size: int, model: str, advantage: AdvantageMethod,
         offload: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         from bridges.client import EngineClient
 
         self.engine = engine
@@ -68,7 +68,7 @@ class InProcessRollouts:
         return asyncio.ensure_future(
             run_groups(self._env, rows, self._client, self._group_size, args, model=self._model,
                        advantage=self._advantage)
-        )  # fmt: skip
+        )
 
     async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
         await sync_weights(self.engine, state, policy)

@@ -76,7 +76,7 @@ class ServerPool:
     ) -> ServerPool:
         api_key = keys.get("api_key") or os.environ.get(API_KEY_VARIABLE)
         servers = [Server(url.rstrip("/"), openai.AsyncOpenAI(base_url=f"{url.rstrip('/')}/v1",
-                   api_key=api_key or "unused", max_retries=0, timeout=timeout)) for url in urls]  # fmt: skip
+                   api_key=api_key or "unused", max_retries=0, timeout=timeout)) for url in urls]
         return cls(
             servers,
             identity,
@@ -111,7 +111,7 @@ class ServerPool:
             return "its /health does not describe its model; start it with python -m bridges.serve."
         if health.get("layout") != self.identity.layout:
             return ("it serves another model: its tensor names or shapes differ from the trainer's "
-                    f"(model={health.get('model')!r}); start it with the trainer's model.")  # fmt: skip
+                    f"(model={health.get('model')!r}); start it with the trainer's model.")
         if health.get("tokenizer") != self.identity.tokenizer:
             return "its tokenizer differs from the trainer's, so token ids would not mean the same; start it with the trainer's model."
         server.model, server.version = str(health.get("model", "")), int(health.get("weight_version", -1))

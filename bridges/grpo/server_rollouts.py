@@ -44,7 +44,7 @@ class ServerRollouts:
         self, pool: ServerPool, env: Any, group_size: int, advantage: AdvantageMethod, *,
         gather_all: Callable[[torch.nn.Module], dict[str, torch.Tensor]], barrier: Callable[[], None],
         wait_s: float, on_close: Callable[[], None] | None = None, device: torch.device | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pool, self.env, self.group_size, self.advantage = pool, env, group_size, advantage
         self.device = device  # the policy's: the gathers and barriers run in threads bound to it
         self._gather_all, self._barrier, self._wait_s, self._on_close = gather_all, barrier, wait_s, on_close
@@ -65,7 +65,7 @@ class ServerRollouts:
             return list(await asyncio.gather(*(
                 self._group(first + j, row, group_sampling_args(args, row.get("example_id", j), self.group_size), floor)
                 for j, row in enumerate(rows)
-            )))  # fmt: skip
+            )))
 
     async def _wait_for_a_server(self) -> None:
         deadline = time.monotonic() + self._wait_s
@@ -146,7 +146,7 @@ def _mask_if_stale(state: State, floor: int) -> None:
 
 
 async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: torch.nn.Module, world: Any,
-                               run_dir: Any, start_step: int = 0) -> ServerRollouts:  # fmt: skip
+                               run_dir: Any, start_step: int = 0) -> ServerRollouts:
     """The servers (``trainer.server_urls``, or ``trainer.servers`` started here by the main process),
     checked against the trainer's model and vocabulary. Pushes are numbered by (this trainer's run id,
     step): a resumed run goes on from ``start_step`` under a new id, so servers still holding the
@@ -192,7 +192,7 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
         raise
     return ServerRollouts(pool, env, t.group_size, advantage_method(t.loss), gather_all=full_state_dict,
                           barrier=functools.partial(barrier, world), wait_s=t.server_timeout, device=device,
-                          on_close=local.close if local is not None else None)  # fmt: skip
+                          on_close=local.close if local is not None else None)
 
 
 def check_server_settings(t: Any) -> None:
@@ -210,10 +210,10 @@ def check_server_settings(t: Any) -> None:
         return
     if bool(t.server_urls) == bool(t.servers):
         raise ConfigError("trainer.inference=server needs exactly one of trainer.server_urls=[http://host:port,...] "
-                          "(servers you started with weights_key) and trainer.servers=K (started here).")  # fmt: skip
+                          "(servers you started with weights_key) and trainer.servers=K (started here).")
     if t.rollout_process:
         raise ConfigError("trainer.rollout_process=true and trainer.inference=server do not combine: the servers "
-                          "already generate outside the trainer; drop trainer.rollout_process.")  # fmt: skip
+                          "already generate outside the trainer; drop trainer.rollout_process.")
     for url in t.server_urls:
         parts = urlsplit(str(url))
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):

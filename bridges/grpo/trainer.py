@@ -149,7 +149,7 @@ def _check_engine_settings(config: TrainConfig) -> None:
 
     t = config.trainer
     if config.vllm.get("enable_sleep_mode") and (config.engine != "vllm" or t.num_batches_ahead != 0
-                                                 or t.inference != "engine"):  # fmt: skip
+                                                 or t.inference != "engine"):
         raise ConfigError(
             "vllm.enable_sleep_mode=true offloads the vLLM engine while the trainer steps, so it needs "
             "engine=vllm, trainer.inference=engine and trainer.num_batches_ahead=0 (nothing generating during a step)."
@@ -207,7 +207,7 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     total = int(reduce_sum([len(samples)], world, ctx.device)[0])  # [distributed] the global batch
     if total == 0:
         return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
-                "skipped_nonfinite": 0.0, "skipped_overflow": 0.0, "optimizer/stepped": 0.0, "tokens/trained": 0.0}  # fmt: skip
+                "skipped_nonfinite": 0.0, "skipped_overflow": 0.0, "optimizer/stepped": 0.0, "tokens/trained": 0.0}
     ctx.policy.train()
     if ctx.micro_batch_tokens:
         chunks = pack_micro_batches(samples, ctx.micro_batch_tokens)
@@ -222,7 +222,7 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
         ctx.scaler.scale(out.per_sample_B.sum() * (weight if chunk else 0.0)).backward()
         if chunk:
             parts = (float(out.per_sample_B.detach().sum()) / total, out.tokens, out.clipped_tokens,
-                     out.ratio_sum, out.kl_sum, sum(len(s.token_ids) for s in chunk))  # fmt: skip
+                     out.ratio_sum, out.kl_sum, sum(len(s.token_ids) for s in chunk))
             sums = [a + b for a, b in zip(sums, parts, strict=True)]
     ctx.master.grads_to_master()  # what autograd's hooks did not already move (fp32 sums, see precision.py)
     sum_gradients(ctx.master.params, world)  # [distributed] ddp: one fp32 all-reduce of the gradients
@@ -248,7 +248,7 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     return {"loss": loss, "grad_norm": grad_norm, "clip_fraction": clipped / shown, "ratio/mean": ratio_sum / shown,
             "kl": kl_sum / shown, "skipped_nonfinite": float(skipped and not overflow),
             "skipped_overflow": float(overflow), "optimizer/stepped": float(not skipped),
-            "tokens/trained": trained}  # fmt: skip
+            "tokens/trained": trained}
 
 
 def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutput:
@@ -258,13 +258,13 @@ def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutp
     logprobs = functools.partial(sequence_logprobs, input_ids_B_L=batch.input_ids_B_L,
                                  attention_mask_B_L=batch.attention_mask_B_L, temperature=ctx.temperature,
                                  wanted_B_T=batch.loss_mask_B_T, chunk_tokens=ctx.logprob_chunk_tokens,
-                                 chunked=ctx.chunked_logprobs, packed=ctx.micro_batch_tokens > 0)  # fmt: skip
+                                 chunked=ctx.chunked_logprobs, packed=ctx.micro_batch_tokens > 0)
     ref_logps_B_T = None
     if ctx.reference is not None:
         with torch.no_grad():
             ref_logps_B_T = logprobs(ctx.reference)
     return policy_loss(logprobs(ctx.policy, fp32_grad=ctx.master.fp32_grad), batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
-                       ctx.loss_config, ref_logps_B_T)  # fmt: skip
+                       ctx.loss_config, ref_logps_B_T)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps > 0 else 1.0
     )
     loss_config = LossConfig(loss_type=advantage_method(t.loss), epsilon=t.epsilon, epsilon_high=t.epsilon_high,
-                             ratio_cap=t.ratio_cap, beta=t.beta, max_completion_length=t.max_completion_length)  # fmt: skip
+                             ratio_cap=t.ratio_cap, beta=t.beta, max_completion_length=t.max_completion_length)
     ctx = StepContext(
         policy=policy,
         reference=load_policy(config, where)[0].eval().requires_grad_(False) if t.beta != 0.0 else None,
@@ -356,7 +356,7 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         master=master, scaler=make_scaler(where.dtype, where.device), device=where.device,
         logprob_chunk_tokens=t.logprob_chunk_tokens, chunked_logprobs=chunked, world=world,
         micro_batch_tokens=t.micro_batch_tokens,
-    )  # fmt: skip
+    )
     return ctx, tokenizer
 
 
@@ -366,7 +366,7 @@ def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition
     if not config.resume:
         return RunPosition()
     resumed = resume_latest_intact(run_dir / "checkpoints", ctx.policy, ctx.optimizer, ctx.scheduler,
-                                   ctx.master, ctx.world, ctx.scaler)  # fmt: skip
+                                   ctx.master, ctx.world, ctx.scaler)
     say = print if ctx.world.is_main else (lambda *_: None)
     if resumed is None:
         say(f"resume=true but {run_dir / 'checkpoints'} has no checkpoint; starting from step 0.")
@@ -396,7 +396,7 @@ async def _rollouts(run: _Prepared) -> Rollouts:
     engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size, optimizer_state_bytes)
     sleeps = bool(config.vllm.get("enable_sleep_mode"))  # validate(): only with engine=vllm, nothing ahead
     return InProcessRollouts(engine, run.env, config.trainer.group_size, config.model,
-                             advantage_method(config.trainer.loss), offload=engine.asleep if sleeps else None)  # fmt: skip
+                             advantage_method(config.trainer.loss), offload=engine.asleep if sleeps else None)
 
 
 @dataclasses.dataclass
@@ -446,7 +446,7 @@ class _Learner:
         await asyncio.to_thread(
             bound(run.where.device, save_checkpoint), run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
             ctx.master, ctx.world, keep=run.config.keep_checkpoints, tokenizer=run.tokenizer, scaler=ctx.scaler,
-        )  # fmt: skip
+        )
 
 
 async def _train(config: TrainConfig) -> int:
@@ -455,7 +455,7 @@ async def _train(config: TrainConfig) -> int:
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
-                   rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env))  # fmt: skip
+                   rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env))
     finished = False
     try:
         await (
@@ -474,7 +474,7 @@ def _reducer(ctx: StepContext) -> Any:
     from bridges.workflows.run_loop import Reducer
 
     return Reducer(is_main=ctx.world.is_main, combine=functools.partial(combine_tallies, world=ctx.world),
-                   barrier=bound(ctx.device, functools.partial(barrier, ctx.world)))  # fmt: skip
+                   barrier=bound(ctx.device, functools.partial(barrier, ctx.world)))
 
 
 # the bundled trainer reads every shared key and has no section of its own

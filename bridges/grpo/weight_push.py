@@ -33,7 +33,7 @@ def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
         return {}
     lora_layer = require_extra("peft.tuners.lora", "trl", "LoRA weights for inference servers").LoraLayer
     return {base_name(name): float(module.scaling["default"]) for name, module in policy.named_modules()
-            if isinstance(module, lora_layer) and "default" in module.scaling}  # fmt: skip
+            if isinstance(module, lora_layer) and "default" in module.scaling}
 
 
 def full_payload(state: dict[str, torch.Tensor], version: int, run: str = "") -> Payload:

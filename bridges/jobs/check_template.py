@@ -64,7 +64,7 @@ def summary(model: str, report: TemplateReport) -> str:
         f"tool_choice opener matches the template: {mark(report.forced_opener_matches)}",
         f"reasoning round-trips: {mark(report.reasoning_round_trip)}",
         f"verdict: {report.verdict()}",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 

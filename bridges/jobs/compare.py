@@ -49,7 +49,7 @@ class CompareConfig:
     sampling: SamplingConfig = option(
         factory=SamplingConfig, help="the same sampling.* keys as bridges.eval",
         replaces={"temperature": "sampling.temperature", "max_tokens": "sampling.max_tokens"},
-    )  # fmt: skip
+    )
     backend_sampling: dict[str, Any] = option(
         factory=dict, help="per-backend sampling overrides: <backend>.<arg>=value"
     )
@@ -168,7 +168,7 @@ async def evaluate_backend(name: str, env: Any, config: CompareConfig, model_pat
         result = await env.evaluate(
             client, config.model, num_examples=config.num_examples,
             rollouts_per_example=config.rollouts_per_example, sampling_args=args, progress=config.progress,
-        )  # fmt: skip
+        )
         seconds = time.perf_counter() - started
     states = result.states
     rows = [{"backend": name, **state_to_record(s)} for s in states]

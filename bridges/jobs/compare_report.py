@@ -129,7 +129,7 @@ def tables(results: list[BackendResult], pairs: list[dict[str, Any]]) -> dict[st
         per_backend.append(
             [r.name, r.engine, str(len(r.rewards)), f"{_fmt(mean)} ± {_fmt(half)}", str(len(r.rewards) - len(r.valid)),
              str(sum(r.drift_tokens)), f"{r.tokens_per_s:.1f}"]
-        )  # fmt: skip
+        )
     reasons = sorted({s for r in results for s in r.stop_reasons})
     stops = [["backend", *reasons]]
     for r in results:

@@ -248,7 +248,7 @@ def evaluate(config: EvalConfig) -> int:
     output = Path(config.output) if config.output else default_output(config.env, config.model)
     validate(config, output)
     identity = {"env": config.env, "env_args": config.env_args, "model": config.model,
-                "rollouts_per_example": config.rollouts_per_example, "split": config.split}  # fmt: skip
+                "rollouts_per_example": config.rollouts_per_example, "split": config.split}
     check_resumable(output, identity)
     env = build_environment(config.env, config.env_args)
     check_dataset(env, config.split, config.env)
@@ -264,7 +264,7 @@ def evaluate(config: EvalConfig) -> int:
         **identity, "engine": config.engine, "base_url": config.base_url if config.engine == "openai" else None,
         "num_examples": len(dataset), "sampling_args": {**(env.sampling_args or {}), **sampling_args},
         "seed": config.seed, "token_ids": token_ids, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
     (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     writer = ResultsWriter(output / RESULTS_FILE)
     if len(rows):
@@ -273,7 +273,7 @@ def evaluate(config: EvalConfig) -> int:
             env.generate(rows, client, config.model, rollouts_per_example=config.rollouts_per_example,
                          sampling_args=sampling_args, max_concurrent=config.max_concurrent,
                          progress=config.progress, on_group=writer)
-        )  # fmt: skip
+        )
     records = resumed + writer.records
     summary = summarize(records, config.rollouts_per_example)
     save_dataset(records, output / "dataset")

@@ -97,7 +97,7 @@ def export_rows(config: ExportConfig) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read rollouts from {source}: {exc}.") from None
     rule = ExportFilter(config.min_reward, config.metric, config.min_metric if config.metric else None,
-                        config.top_k, config.dedupe)  # fmt: skip
+                        config.top_k, config.dedupe)
     rows, report = sft_rows(records, rule)
     print(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(report).items()))
     if not rows:

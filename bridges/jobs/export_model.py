@@ -120,7 +120,7 @@ def push_folder(folder: Path, repo: str, private: bool) -> None:
     try:
         api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
         api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
-                          commit_message="Upload a model trained with rl-bridges")  # fmt: skip
+                          commit_message="Upload a model trained with rl-bridges")
     except Exception as exc:  # no token, no network, no access: the local copy is already saved
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(

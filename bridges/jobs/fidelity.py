@@ -30,7 +30,7 @@ TOOLS = [
      "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}},
     {"type": "function", "function": {"name": "add", "description": "Add two integers.",
      "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
-]  # fmt: skip
+]
 _CHOICES: list[Any] = [
     "auto",
     "auto",
@@ -90,7 +90,7 @@ async def _turn(
     client: Any, messages: list[Any], rng: random.Random, stream: bool
 ) -> tuple[dict[str, Any], Turn]:
     kwargs = {"model": client.model_name, "messages": messages, "tools": TOOLS, "tool_choice": rng.choice(_CHOICES),
-              "max_tokens": rng.randint(6, 24), "temperature": 1.0, "seed": rng.randrange(2**31)}  # fmt: skip
+              "max_tokens": rng.randint(6, 24), "temperature": 1.0, "seed": rng.randrange(2**31)}
     if stream:
         message, prompt_ids, sampled = await _assemble(
             await client.chat.completions.create(stream=True, **kwargs)
@@ -113,7 +113,7 @@ def _answers(message: dict[str, Any], rng: random.Random) -> list[dict[str, Any]
             }
         ]
     return [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"value": rng.randint(0, 999)})}
-            for c in message["tool_calls"]]  # fmt: skip
+            for c in message["tool_calls"]]
 
 
 async def run_episode(
@@ -163,7 +163,7 @@ def _classify_drift(
 
 
 async def run_fidelity(client: Any, family: str, episodes: int, turns: int = 4, seed: int = 0,
-                       concurrency: int = 64) -> FidelityReport:  # fmt: skip
+                       concurrency: int = 64) -> FidelityReport:
     """``episodes`` episodes of ``turns`` turns, ``concurrency`` at a time (so the engine batches them)."""
     report = FidelityReport(family)
     gate = asyncio.Semaphore(concurrency)

@@ -17,7 +17,7 @@ SFT_TRAINER_KEYS = frozenset(f"trainer.{key}" for key in (
     "max_steps", "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm",
     "grad_accum_steps", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules",
     "device", "dtype", "gradient_checkpointing",
-))  # fmt: skip
+))
 
 
 @dataclass
@@ -56,7 +56,7 @@ def validate(config: SFTRunConfig) -> Path:
     if config.trainer.gradient_checkpointing not in ("off", "full"):  # TRL's SFTTrainer: all layers or none
         raise ConfigError(f"bridges.sft recomputes every decoder layer or none (TRL's trainer), so "
                           f"trainer.gradient_checkpointing={config.trainer.gradient_checkpointing} cannot hold; "
-                          "set it to full or off.")  # fmt: skip
+                          "set it to full or off.")
     _check_dataset(Path(config.data))
     check_model(config.model)
     check_device(config.trainer.device, "trainer.device")

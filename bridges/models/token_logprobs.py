@@ -54,7 +54,7 @@ def token_logprobs(
     if not chunked:
         logits = model(**inputs).logits.float() * scale
         logits_B_L_V = logits.new_zeros(*input_ids_B_L.shape, logits.shape[-1]).masked_scatter(
-            real_B_L[..., None], logits[0]) if packed else logits  # fmt: skip
+            real_B_L[..., None], logits[0]) if packed else logits
         picked = logits_B_L_V.gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1) - logits_B_L_V.logsumexp(-1)
         return torch.where(wanted, picked, out_B_L)
     hidden = final_hidden_states(model, inputs)
@@ -68,7 +68,7 @@ def token_logprobs(
     else:  # a wrapped head (a LoRA adapter on it): each chunk through the module, recomputed in the backward
         pieces = [
             checkpoint(_chunk_logprobs, head, hidden_N_H[i : i + chunk_tokens], targets_N[i : i + chunk_tokens],
-                       scale, use_reentrant=False)  # fmt: skip
+                       scale, use_reentrant=False)
             for i in range(0, hidden_N_H.shape[0], chunk_tokens)
         ]
         picked_N = torch.cat(pieces) if pieces else hidden_N_H.new_zeros(0, dtype=torch.float32)
@@ -78,7 +78,7 @@ def token_logprobs(
 def padded_inputs(input_ids_B_L: torch.Tensor, attention_mask_B_L: torch.Tensor) -> dict[str, Any]:
     position_ids_B_L = (attention_mask_B_L.cumsum(-1) - 1).clamp(min=0)
     return {"input_ids": input_ids_B_L, "attention_mask": attention_mask_B_L,
-            "position_ids": position_ids_B_L, "use_cache": False}  # fmt: skip
+            "position_ids": position_ids_B_L, "use_cache": False}
 
 
 def packed_inputs(input_ids_B_L: torch.Tensor, real_B_L: torch.Tensor) -> dict[str, Any]:
@@ -109,7 +109,7 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor, targets_N: torch.Tensor,
-                scale: float, chunk: int, sink: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                scale: float, chunk: int, sink: torch.Tensor | None = None) -> torch.Tensor:
         picked_N = torch.empty(hidden_N_H.shape[0], dtype=torch.float32, device=hidden_N_H.device)
         lse_N = torch.empty_like(picked_N)
         for i in range(0, hidden_N_H.shape[0], chunk):

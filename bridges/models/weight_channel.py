@@ -38,7 +38,7 @@ from bridges.models.weight_payload import (
 BACKENDS = ("gloo", "nccl")
 BUCKET_BYTES = 256 * 1024**2  # consecutive tensors of one dtype travel in one broadcast up to this size
 _DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in
-           (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8)}  # fmt: skip
+           (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8)}
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         return {"channel": {"push": self.push}, "kind": self.kind, "version": self.version,
                 "scaling": self.scaling, "run": self.run,
-                "tensors": [[n, str(d).removeprefix("torch."), list(s)] for n, d, s in self.tensors]}  # fmt: skip
+                "tensors": [[n, str(d).removeprefix("torch."), list(s)] for n, d, s in self.tensors]}
 
     @classmethod
     def from_json(cls, body: Any) -> Manifest:
@@ -72,7 +72,7 @@ class Manifest:
             tensors = [(str(n), _DTYPES[d], tuple(int(x) for x in s)) for n, d, s in body["tensors"]]
             push = checked_version(body["channel"]["push"])  # the trainer's push counter: the same bound
             manifest = cls(push, str(body["kind"]), checked_version(body["version"]),
-                           checked_scaling(body.get("scaling")), tensors, checked_run(body.get("run")))  # fmt: skip
+                           checked_scaling(body.get("scaling")), tensors, checked_run(body.get("run")))
         except WeightPayloadError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError):

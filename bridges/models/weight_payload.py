@@ -96,7 +96,7 @@ def encode(payload: Payload) -> bytes:
     from safetensors.torch import save
 
     metadata = {"kind": payload.kind, "version": str(payload.version), "scaling": json.dumps(payload.scaling),
-                "run": payload.run}  # fmt: skip
+                "run": payload.run}
     tensors, seen = {}, set()
     for name, value in payload.tensors.items():
         value = value.detach().contiguous().cpu()

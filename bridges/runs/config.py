@@ -39,7 +39,7 @@ def option(
     ``check_values`` right after parsing, so a bad value fails before anything loads). ``replaces``:
     old spellings (key -> the key to write now), refused with that key as the did-you-mean."""
     metadata = {"help": help, "ge": ge, "gt": gt, "le": le, "choices": tuple(choices) if choices else None,
-                "replaces": dict(replaces or {})}  # fmt: skip
+                "replaces": dict(replaces or {})}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -244,7 +244,7 @@ def parse_section(schema: type[T], section: dict[str, Any], prefix: str) -> T:
 _SCALARS: dict[str, tuple[tuple[type, ...], str]] = {
     "bool": ((bool,), "true or false"), "int": ((int,), "an integer"), "float": ((int, float), "a number"),
     "str": ((str, int, float), "a string"),
-}  # fmt: skip
+}
 
 
 def _accepted(native_type: Any) -> tuple[tuple[type, ...], str, bool] | None:

@@ -23,7 +23,7 @@ from bridges.runtime.errors import ConfigError, NothingTrainedError, require_ext
 SHARED_METRICS = (
     "reward/mean", "reward/std", "loss", "grad_norm", "lr", "episodes/masked_fraction",
     "tokens/completion_mean", "timing/step_s",
-)  # fmt: skip
+)
 
 
 def renamed(row: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -42,7 +42,7 @@ class MetricsLogger:
     def __init__(
         self, run_dir: Path, config: dict[str, Any], report_to: str = "none", resume_step: int = 0,
         wandb_project: str = "rl-bridges", wandb_entity: str | None = None,
-    ):  # fmt: skip
+    ):
         if report_to not in ("none", "wandb"):
             raise ConfigError(f"report_to must be 'none' or 'wandb', got '{report_to}'.")
         self.path = run_dir / "metrics.jsonl"

@@ -59,7 +59,7 @@ class TrainerConfig:
     learning_rate: float | None = option(
         None, gt=0.0, help=f"peak learning rate; None: {TINY_LR} for the built-in tiny models, {FULL_LR} for full "
         f"fine-tuning and {LORA_LR} for LoRA of any other model",
-    )  # fmt: skip
+    )
     warmup_steps: int = option(0, ge=0, help="linear warmup steps")
     weight_decay: float = option(0.0, ge=0.0, help="AdamW weight decay")
     max_grad_norm: float = option(1.0, gt=0.0, help="gradient clipping norm")
@@ -67,12 +67,12 @@ class TrainerConfig:
     kernels: str = option(
         "eager", choices=("eager", "compile"), help="the training forward: eager, or compile (each decoder layer "
         "through torch.compile: fused norms, activations and rotary embedding; the first steps compile)",
-    )  # fmt: skip
+    )
     micro_batch_tokens: int = option(
         0, ge=0, help="pack each micro-batch's sequences into one row without padding, up to this many tokens "
         "(the micro-batches replace grad_accum_steps'; varlen flash-attention on CUDA, a block-diagonal mask "
         "elsewhere); 0: grad_accum_steps padded micro-batches",
-    )  # fmt: skip
+    )
     # objective
     loss: str = option(
         "grpo",
@@ -96,11 +96,11 @@ class TrainerConfig:
     inference: str = option(
         "engine", choices=("engine", "server"), help="engine: generation in each training process; server: on "
         "bridges.serve servers (server_urls, or servers=K started here), new weights pushed after every step",
-    )  # fmt: skip
+    )
     server_urls: list[str] = option(
         factory=list, help="inference=server: running servers (http://host:port), started with weights_key; keys "
         "from $BRIDGES_SERVER_API_KEY and $BRIDGES_SERVER_WEIGHTS_KEY",
-    )  # fmt: skip
+    )
     servers: int = option(
         0, ge=0, le=64, help="inference=server: start this many local bridges.serve hf servers"
     )
@@ -112,14 +112,14 @@ class TrainerConfig:
         "auto", choices=("auto", "http", "gloo", "nccl"), help="how pushes reach the servers: http bodies, or "
         "broadcasts over a process group per server (nccl GPU to GPU, gloo on the CPU); auto: nccl where the "
         "trainer is on CUDA and every server offers it, else http",
-    )  # fmt: skip
+    )
     # hardware: bridges.models.hardware resolves device and dtype; several processes split each step's groups
     device: str = option("auto", help=DEVICE_HELP)
     dtype: str = option("auto", choices=DTYPES, help=DTYPE_HELP)
     gradient_checkpointing: str = option(
         "off", help="recompute activations in the backward pass, less memory for more time: off, full (every "
         "decoder layer) or every:K (every K-th layer); true/false mean full/off (benchmarks/recompute.py)",
-    )  # fmt: skip
+    )
     logprob_chunk_tokens: int = option(
         256,
         ge=1,
@@ -128,11 +128,11 @@ class TrainerConfig:
     num_processes: int = option(
         1, ge=1, help="training processes (one per GPU); >1 starts them, each rolling out and training its share "
         "of every step's groups",
-    )  # fmt: skip
+    )
     strategy: str = option(
         "ddp", choices=STRATEGIES, help="with several processes: ddp (replicas, gradients all-reduced) or fsdp "
         "(FSDP2: parameters, gradients and optimizer state sharded, like ZeRO-3)",
-    )  # fmt: skip
+    )
     # parameter-efficient training
     lora_rank: int = option(0, ge=0, help="LoRA rank; 0 = full fine-tuning")
     lora_alpha: int = option(32, ge=1, help="LoRA alpha")

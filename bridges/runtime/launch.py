@@ -73,7 +73,7 @@ def worker_environment(rank: int, size: int, port: int) -> dict[str, str]:
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // size))
     return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size),
             "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": threads}  # fmt: skip
+            "OMP_NUM_THREADS": threads}
 
 
 def die_with_parent() -> None:

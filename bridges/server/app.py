@@ -69,7 +69,7 @@ async def _read_limited(request: Any, limit: int, option: str) -> bytes:
         return await _read_body(request, limit)
     except _BodyTooLarge:
         raise SessionRefusal(413, f"the request body is larger than {limit} bytes ({option}).",
-                             "body_too_large") from None  # fmt: skip
+                             "body_too_large") from None
 
 
 _SESSION_IN_PATH = re.compile(r"^(/s/|/v1/sessions/)[^/]+")
@@ -112,7 +112,7 @@ class _Endpoints:
     def __init__(
         self, client: Any, api_key: str | None, limits: ServeLimits, identity: dict[str, str],
         weights: WeightEndpoints,
-    ) -> None:  # fmt: skip
+    ) -> None:
         from bridges.server.schema import openapi_document
 
         self.client, self.limits, self.identity, self.weights = client, limits, identity, weights
@@ -153,7 +153,7 @@ class _Endpoints:
             return _error_response(
                 404, f"the model '{body['model']!s:.80}' does not exist; this server serves {', '.join(self.names)}.",
                 "model_not_found", param="model",
-            )  # fmt: skip
+            )
         n = body.get("n")
         if isinstance(n, int) and not isinstance(n, bool) and n > self.limits.max_n:
             return _error_response(
@@ -229,7 +229,7 @@ class _Endpoints:
         return JSONResponse({"status": "ok", "model": self.client.model_name,
                              "weight_version": int(self.client.engine.weight_version),
                              "weight_run": self.weights.run, **self.identity,
-                             "weight_channels": WeightEndpoints.channels()})  # fmt: skip
+                             "weight_channels": WeightEndpoints.channels()})
 
     async def openapi(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -279,7 +279,7 @@ class WeightUpdates:
 def create_app(
     client: Any, api_key: str | None = None, limits: ServeLimits | None = None,
     updates: WeightUpdates | None = None, identity: dict[str, str] | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """A Starlette app serving ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models[/{id}]``,
     ``/health`` (with ``identity``: the model's tensor layout and vocabulary fingerprints), ``/openapi.json``,
     per-rollout sessions (``bridges.server.sessions``) and weight pushes (``bridges.server.weights``).
@@ -289,7 +289,7 @@ def create_app(
 
     limits, updates = limits or ServeLimits(), updates or WeightUpdates()
     weights = WeightEndpoints(client.engine, updates.key, updates.model, _read_limited, updates.max_bytes,
-                              updates.channel_hosts)  # fmt: skip
+                              updates.channel_hosts)
     e = _Endpoints(client, api_key, limits, identity or {}, weights)
     sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw)
     routes = [

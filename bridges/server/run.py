@@ -136,6 +136,6 @@ def _leave_hung_joins() -> None:
 
     if CHANNEL_THREADS.threads_running:
         print("a weight channel join still waits on a peer that never answered; exiting without it.",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(0)

@@ -205,7 +205,7 @@ def _responses_request() -> dict[str, Any]:
     """A Responses API body, as a session's ``/responses`` reads it (``responses_dialect``)."""
     item = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
             "properties": {"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
-                           "content": {"type": "string"}}}  # fmt: skip
+                           "content": {"type": "string"}}}
     return {
         "type": "object", "required": ["input"], "additionalProperties": False,
         "properties": {
@@ -215,13 +215,13 @@ def _responses_request() -> dict[str, Any]:
             "previous_response_id": {"type": "string"}, "tools": {"type": "array", "items": {"type": "object"}},
             "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
         },
-    }  # fmt: skip
+    }
 
 
 def _messages_request() -> dict[str, Any]:
     """An Anthropic Messages body, as a session's ``/messages`` reads it (``anthropic_dialect``)."""
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-               "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string", "minLength": 1}}}  # fmt: skip
+               "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string", "minLength": 1}}}
     return {
         "type": "object", "required": ["max_tokens", "messages"], "additionalProperties": False,
         "properties": {
@@ -230,7 +230,7 @@ def _messages_request() -> dict[str, Any]:
             "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "stream": {"type": "boolean"},
             "tools": {"type": "array", "items": {"type": "object"}},
         },
-    }  # fmt: skip
+    }
 
 
 def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
@@ -240,14 +240,14 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
               "properties": {"max_calls": {"type": "integer", "minimum": 1, "maximum": 1024},
                              "max_sampled_tokens": {"type": "integer", "minimum": 1, "maximum": 1_048_576},
                              "max_prompt_tokens": {"type": "integer", "minimum": 1, "maximum": 4_194_304},
-                             "sampling": {"type": "object"}}}  # fmt: skip
+                             "sampling": {"type": "object"}}}
     join = {"type": "object", "required": ["host", "port", "prefix", "backend"],
             "properties": {"host": {"type": "string"}, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                            "prefix": {"type": "string", "minLength": 1}, "backend": {"enum": ["gloo", "nccl"]},
-                           "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}}  # fmt: skip
+                           "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}}
     weights = {"required": True, "content": {
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        "application/json": {"schema": {"type": "object", "required": ["channel", "kind", "version", "tensors"]}}}}  # fmt: skip
+        "application/json": {"schema": {"type": "object", "required": ["channel", "kind", "version", "tensors"]}}}}
 
     def op(name: str, answer: str, body: dict[str, Any] | None = None, params: list[Any] | None = None) -> dict[str, Any]:
         operation: dict[str, Any] = {"operationId": name, "responses": _responses(answer)}
@@ -267,7 +267,7 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
         "/s/{session}/v1/models": {"get": op("session_models", "the session's model", params=[session_id])},
         "/v1/weights": {"post": op("push_weights", "the new weight version", weights)},
         "/v1/weights/channel": {"post": op("join_weight_channel", "the channel being joined", _json_body(join))},
-    }  # fmt: skip
+    }
 
 
 def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dict[str, Any]:
@@ -285,7 +285,7 @@ def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dic
         }
 
     model_parameter = {"name": "model", "in": "path", "required": True,
-                       "schema": {"type": "string", "enum": list(model_names)}}  # fmt: skip
+                       "schema": {"type": "string", "enum": list(model_names)}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "rl-bridges engine server", "version": "0.1.0"},

@@ -86,12 +86,12 @@ class SessionEndpoints:
             self.sessions.close_idle()
             if len(self.sessions) >= MAX_OPEN_SESSIONS:
                 raise SessionRefusal(429, f"{MAX_OPEN_SESSIONS} sessions are open, the most this server keeps; "
-                                     "close finished ones with DELETE /v1/sessions/{id}.", "too_many_sessions")  # fmt: skip
+                                     "close finished ones with DELETE /v1/sessions/{id}.", "too_many_sessions")
             sampling = body.get("sampling", {})
             if not isinstance(sampling, dict):
                 raise SessionRefusal(400, "'sampling' must be an object of sampling arguments.", "invalid_session")
             caps = (_cap(body, "max_calls", MAX_CALLS), _cap(body, "max_sampled_tokens", MAX_SAMPLED_TOKENS),
-                    _cap(body, "max_prompt_tokens", MAX_PROMPT_TOKENS))  # fmt: skip
+                    _cap(body, "max_prompt_tokens", MAX_PROMPT_TOKENS))
         except SessionRefusal as refusal:
             return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code))
         session = self.sessions.open(self.client, self.model, sampling, *caps)
@@ -118,7 +118,7 @@ class SessionEndpoints:
             raw = await self.read_body(request)  # the server's own limit (413) applies
         except SessionRefusal as refusal:
             return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code,
-                                                           route == "messages"))  # fmt: skip
+                                                           route == "messages"))
         return _starlette(await session_routes.answer(self.sessions, request.path_params["session"], route, raw))
 
     async def models(self, request: Any) -> Any:

@@ -72,7 +72,7 @@ class WeightEndpoints:
     def __init__(
         self, engine: Any, key: str | None, model: Any, read_body: Any, max_bytes: int,
         channel_hosts: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine, self.read_body, self.max_bytes = engine, read_body, max_bytes
         self.expected = f"Bearer {key}".encode() if key else None
         self.state: dict[str, torch.Tensor] | None = None  # names, shapes and dtypes to check (hf)
@@ -90,7 +90,7 @@ class WeightEndpoints:
         from starlette.routing import Route
 
         return [Route("/v1/weights", self.push, methods=["POST"]),
-                Route("/v1/weights/channel", self.join, methods=["POST"])]  # fmt: skip
+                Route("/v1/weights/channel", self.join, methods=["POST"])]
 
     @staticmethod
     def channels() -> list[str]:
@@ -134,10 +134,10 @@ class WeightEndpoints:
         peer = request.client.host if request.client is not None else ""
         if _host(where[0]) not in {_host(peer), *map(_host, self.channel_hosts)}:
             return _error(403, "a weight channel joins only the address its request came from; start the "
-                               "server with channel_hosts=<host> to allow another.", "channel_host_refused")  # fmt: skip
+                               "server with channel_hosts=<host> to allow another.", "channel_host_refused")
         if CHANNEL_THREADS.threads_abandoned >= MAX_HUNG_JOINS:
             return _error(503, f"{MAX_HUNG_JOINS} weight channel joins hang past their timeout on peers that never "
-                               "answer; try again once those peers close, or restart the server.", "channel_busy")  # fmt: skip
+                               "answer; try again once those peers close, or restart the server.", "channel_busy")
         earlier, self.joining = self.joining, asyncio.ensure_future(self._connect(where, backend, timeout_s))
         if earlier is not None:
             earlier.add_done_callback(_close_pair)
@@ -145,17 +145,17 @@ class WeightEndpoints:
 
     async def _connect(self, where: tuple[str, int, str], backend: str, timeout_s: float) -> Pair:
         return await call_user(Pair.join, *where, backend, timeout_s, self.device, timeout=timeout_s,
-                               what="the weight channel's join", pool=CHANNEL_THREADS)  # fmt: skip
+                               what="the weight channel's join", pool=CHANNEL_THREADS)
 
     async def _channel_push(self, raw: bytes) -> Any:
         try:
             manifest = Manifest.from_json(json.loads(raw))
         except (ValueError, RecursionError, WeightPayloadError) as exc:
             return _error(400, str(exc) if isinstance(exc, WeightPayloadError) else "the manifest is not JSON.",
-                          "invalid_weights")  # fmt: skip
+                          "invalid_weights")
         if manifest.nbytes() > self.max_bytes:
             return _error(413, f"the pushed tensors are larger than {self.max_bytes} bytes (max_weights_bytes).",
-                          "body_too_large")  # fmt: skip
+                          "body_too_large")
         joining = self.joining
         if joining is None:
             return _error(400, "no weight channel is open: POST /v1/weights/channel first.", "no_channel")
@@ -169,7 +169,7 @@ class WeightEndpoints:
                 return stale
             try:
                 tensors = await call_user(_take, pair, manifest, timeout=None, what="a channel push",
-                                          pool=CHANNEL_THREADS)  # fmt: skip
+                                          pool=CHANNEL_THREADS)
             except Exception as exc:  # noqa: BLE001 - the trainer died or the channel broke mid-push
                 return self._broken(joining, pair, exc)
             payload = Payload(manifest.kind, manifest.version, tensors, manifest.scaling, manifest.run)
@@ -183,7 +183,7 @@ class WeightEndpoints:
         if pair is not None:
             pair.close()
         print(f"weight channel failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         return _error(503, CHANNEL_FAILED, "channel_broken")
 
     def _stale(self, run: str, version: int) -> Any:
@@ -192,7 +192,7 @@ class WeightEndpoints:
         if run != self.run or version >= current:
             return None
         return _error(409, f"this server holds weight version {current} of this run; a push of version "
-                           f"{version} would roll it back.", "stale_weights")  # fmt: skip
+                           f"{version} would roll it back.", "stale_weights")
 
     async def _apply(self, payload: Payload) -> Any:
         """Under ``lock``: the payload into the engine, or the refusal that leaves it as it was."""
@@ -212,10 +212,10 @@ class WeightEndpoints:
     def _refusal(self, request: Any) -> Any:
         if self.expected is None:
             return _error(403, "this server takes no weight updates; start it with weights_key=<secret>.",
-                          "weights_disabled")  # fmt: skip
+                          "weights_disabled")
         if not bearer_matches(request, self.expected):
             return _error(401, "missing or wrong weights key: send 'Authorization: Bearer <weights_key>'.",
-                          "invalid_weights_key")  # fmt: skip
+                          "invalid_weights_key")
         return None
 
     def _tensors(self, payload: Any) -> dict[str, Any]:

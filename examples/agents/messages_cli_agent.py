@@ -41,7 +41,7 @@ def run(task: str) -> str:
             return "".join(block.text for block in reply.content if block.type == "text")
         messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": use.id,
-             "content": shout(use.input.get("letter", ""), use.input.get("times", 1))} for use in uses]})  # fmt: skip
+             "content": shout(use.input.get("letter", ""), use.input.get("times", 1))} for use in uses]})
     return ""
 
 

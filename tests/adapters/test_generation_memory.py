@@ -21,11 +21,11 @@ def decode_peak(model: Any, tokenizer: Any, rows: int, max_tokens: int) -> int:
     vocab = model.get_input_embeddings().weight.shape[0]
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0)
     requests = [RowRequest([rng.randrange(3, vocab) for _ in range(12)], params, max_tokens, seed=i,
-                           stop_token_ids=frozenset()) for i in range(rows)]  # fmt: skip
+                           stop_token_ids=frozenset()) for i in range(rows)]
     out: list[Any] = []
     peak = peak_bytes(lambda: out.extend(generate_batch(model, tokenizer, requests, pad_token_id=0,
                                                         device=torch.device("cpu"))),
-                      [*model.parameters(), *model.buffers()], torch.device("cpu"))  # fmt: skip
+                      [*model.parameters(), *model.buffers()], torch.device("cpu"))
     assert [len(r.token_ids) for r in out] == [max_tokens] * rows
     return peak
 

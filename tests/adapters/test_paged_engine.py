@@ -206,7 +206,7 @@ def test_a_cache_in_tokens_leaves_each_row_a_part_filled_block():
     ("on_gpu", "processes", "installed", "chosen"),
     [(False, 1, {"vllm", "flash_attn"}, "hf"), (True, 1, {"vllm", "flash_attn"}, "vllm"),
      (True, 2, {"vllm", "flash_attn"}, "paged"), (True, 1, {"flash_attn"}, "paged"), (True, 1, set(), "hf")],
-)  # fmt: skip
+)
 def test_auto_takes_the_paged_engine_only_where_flash_attention_makes_it_fast(
     on_gpu, processes, installed, chosen, monkeypatch
 ):

@@ -149,7 +149,7 @@ def test_forward_backward_losses_equal_a_direct_torch_computation(service: Any, 
             {"logprobs": sampler_lp.numpy(), "advantages": advantages.numpy()},
             {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
         ),
-    }  # fmt: skip
+    }
     for loss_fn, (loss, inputs, config) in expected.items():
         out = training.forward([datum(tokens, **inputs)], loss_fn, config).result()
         assert out.metrics["loss:sum"] == pytest.approx(float(loss), abs=1e-4), loss_fn
@@ -280,7 +280,7 @@ def test_backend_tinker_on_the_local_server_learns_and_resumes(
         "backend=tinker", "tinker.base_url=local", "env=bridges_test_dense_env", f"output_dir={tmp_path}",
         "trainer.batch_size=8", "trainer.group_size=8", "trainer.learning_rate=1e-2", "run_name=tinker",
         "trainer.num_batches_ahead=0",  # on-policy: at lr 1e-2 a batch sampled one step behind learns far less
-    ]  # fmt: skip
+    ]
     sessions_before = open_tinker_sessions()  # the module's own service fixture holds one open
     assert main([*common, "trainer.max_steps=20", "save_every=10", "eval_every=10", "eval_examples=4"]) == 0
     run_dir = tmp_path / "tinker"

@@ -35,7 +35,7 @@ def make_trainer(model_path: Path, env: Any, tmp_path: Path, **overrides: Any) -
         num_generations=GENERATIONS, max_completion_length=32, max_steps=2, learning_rate=5e-3,
         use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, seed=0,
-    )  # fmt: skip
+    )
     settings.update(overrides)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     return GRPOTrainer(
@@ -191,7 +191,7 @@ def test_backend_trl_reward_rises_on_the_toy_env(tmp_path: Path):
     args = [
         "backend=trl", f"output_dir={tmp_path}", "progress=false", "trainer.max_steps=100",
         "trainer.batch_size=8", "trainer.group_size=8", "trainer.learning_rate=5e-3",
-    ]  # fmt: skip
+    ]
     assert main(args) == 0
     rows = [
         json.loads(x) for x in (tmp_path / "trl-repeat_letter" / "metrics.jsonl").read_text().splitlines()
@@ -213,7 +213,7 @@ def test_backend_trl_on_two_processes_writes_its_run_files_once(tmp_path):
 
     done = subprocess.run([sys.executable, "-m", "bridges.train", "backend=trl", "trainer.num_processes=2",
                            "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=4", "progress=false"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("reward: first") == 1 and done.stdout.count("template check") == 1
     assert done.stderr.strip() == ""  # nothing repeated per process either

@@ -53,7 +53,7 @@ def test_engine_chooses_trls_vllm_colocated_or_on_its_server(monkeypatch: pytest
     real = importlib.util.find_spec
     for installed in (False, True):
         monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, found=installed:
-                            (object() if found else None) if name == "vllm" else real(name, *a))  # fmt: skip
+                            (object() if found else None) if name == "vllm" else real(name, *a))
         assert generation_settings(config(), GPU) == ({"use_vllm": True, "vllm_mode": "colocate"} if installed else {})
         assert generation_settings(config(), CPU) == {}  # auto: vLLM only on a GPU
     assert generation_settings(config("engine=hf"), GPU) == {}
@@ -71,9 +71,9 @@ def test_engine_chooses_trls_vllm_colocated_or_on_its_server(monkeypatch: pytest
         (["env=guess_number"], {"ACCELERATE_USE_FSDP": "true"},
          "backend=trl under accelerate's FSDP cannot run guess_number's turns on the model it trains"),
     ],
-)  # fmt: skip
+)
 def test_settings_that_cannot_work_on_gpus_are_one_sentence(argv: list[str], environment: dict[str, str], piece: str,
-                                                            monkeypatch: pytest.MonkeyPatch, capsys):  # fmt: skip
+                                                            monkeypatch: pytest.MonkeyPatch, capsys):
     for key, value in environment.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as exited:

@@ -33,7 +33,7 @@ def log_lines(callback, lines: list[dict]) -> None:
 def test_grpo_rows_skip_lines_without_a_reward_and_count_the_step_episodes():
     logger, progress = Rows(), Rows()
     log_lines(metrics_callback(grpo_metric_row(32), logger, progress),
-              [{"reward": 0.5, "loss": 0.1}, {"eval_loss": 1.0}, {}, {"reward": 0.75}])  # fmt: skip
+              [{"reward": 0.5, "loss": 0.1}, {"eval_loss": 1.0}, {}, {"reward": 0.75}])
     assert [r["step"] for r in logger.rows] == [1, 4] and logger.rows == progress.rows
     assert logger.rows[0]["episodes/total"] == 32 and logger.rows[1]["reward/mean"] == 0.75
 

@@ -167,7 +167,7 @@ def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
             "env=vf:vf_fixture_envs", "env_args.kind=multi", f"output_dir={tmp_path}", "progress=false",
             "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "run_name=vf",
         ],
-    )  # fmt: skip
+    )
     assert run(config) == 0
     rows = [json.loads(x) for x in (tmp_path / "vf" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

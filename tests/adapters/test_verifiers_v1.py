@@ -57,7 +57,7 @@ def test_the_bundled_taskset_resolves_as_verifiers_resolves_an_id():
         ({"bogus": 1}, "env_args.bogus of the verifiers v1 taskset 'vf_v1_fault_taskset': Extra inputs are not permitted."),
         ({"taskset": {"explode_on_load": True}}, "the verifiers v1 taskset 'vf_v1_fault_taskset' raised in load(): RuntimeError: the dataset is missing"),
     ],
-)  # fmt: skip
+)
 def test_bad_env_args_and_a_raising_load_are_one_sentence(env_args: dict[str, Any], sentence: str):
     with pytest.raises(ConfigError) as info:
         load_environment("vf_v1_fault_taskset", **env_args)
@@ -149,7 +149,7 @@ def test_bridges_eval_on_a_v1_taskset(tmp_path: Path, capsys: pytest.CaptureFixt
     from bridges.eval import main
 
     argv = ["env=repeat_letter_taskset", "model=tiny", "num_examples=4", "rollouts_per_example=2",
-            f"output={tmp_path}", "progress=false"]  # fmt: skip
+            f"output={tmp_path}", "progress=false"]
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(r["error"] is None and 0.0 <= r["reward"] <= 1.0 for r in records)
@@ -197,7 +197,7 @@ async def test_the_session_endpoint_refuses_bad_requests_and_keeps_calls_per_ses
         v1_endpoint.MAX_SESSIONS_PER_EPISODE, most = 4, v1_endpoint.MAX_SESSIONS_PER_EPISODE
         try:  # a caller inventing session ids: capped per episode, and all freed when the episode ends
             statuses = [(await http.post(url, json=chat, headers={**auth, "X-Session-ID": f"x{i}"})).status_code
-                        for i in range(5)]  # fmt: skip
+                        for i in range(5)]
         finally:
             v1_endpoint.MAX_SESSIONS_PER_EPISODE = most
         assert statuses == [200, 200, 200, 429, 429]  # s1 and s2 were taken: s3 and x0-x2 fill the four
@@ -222,12 +222,12 @@ def test_an_infinite_taskset_evaluates_and_trains_under_this_release(tmp_path: P
     rows = env.get_dataset()
     assert len(rows) == MAX_TASKS and rows[0]["prompt"][0]["content"].startswith("Say ")
     argv = ["env=vf_v1_infinite_taskset", "model=tiny", "num_examples=4", "rollouts_per_example=2",
-            f"output={tmp_path / 'eval'}", "progress=false"]  # fmt: skip
+            f"output={tmp_path / 'eval'}", "progress=false"]
     assert evaluate(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(r["error"] is None and 0.0 <= r["reward"] <= 1.0 for r in records)
     argv = ["env=vf_v1_infinite_taskset", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
-            "trainer.group_size=2", f"output_dir={tmp_path}", "run_name=endless"]  # fmt: skip
+            "trainer.group_size=2", f"output_dir={tmp_path}", "run_name=endless"]
     assert train(argv) == 0
     steps = [json.loads(x) for x in (tmp_path / "endless" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(s["episodes/masked_fraction"] == 0.0 for s in steps)

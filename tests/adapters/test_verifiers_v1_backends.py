@@ -15,7 +15,7 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SMALL = ["env=repeat_letter_taskset", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
-         "trainer.group_size=4", "run_name=v1"]  # fmt: skip
+         "trainer.group_size=4", "run_name=v1"]
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -63,7 +63,7 @@ def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
     extra += ["env_args.dense=true"] if backend == "trl" else []
     argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_duel_taskset", "env_args.rounds=1",
             "progress=false", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2",
-            "sampling.max_tokens=6", "run_name=duel", *extra]  # fmt: skip
+            "sampling.max_tokens=6", "run_name=duel", *extra]
     assert main(argv) == 0
     rows = _rows(tmp_path / "duel")
     assert [r["step"] for r in rows] == [1, 2]
@@ -139,7 +139,7 @@ def test_a_synchronous_grpo_run_is_the_native_tasks_run_step_for_step(tmp_path: 
     runs = {}
     for env in ("repeat_letter", "repeat_letter_taskset"):
         argv = [f"env={env}", "progress=false", "trainer.max_steps=3", "trainer.batch_size=2", "trainer.group_size=4",
-                "trainer.num_batches_ahead=0", f"output_dir={tmp_path}", f"run_name={env}"]  # fmt: skip
+                "trainer.num_batches_ahead=0", f"output_dir={tmp_path}", f"run_name={env}"]
         assert main(argv) == 0
         runs[env] = _rows(tmp_path / env)
     native, v1 = runs["repeat_letter"], runs["repeat_letter_taskset"]
@@ -157,7 +157,7 @@ def test_bridges_compare_evaluates_a_v1_taskset_on_two_backends(
 
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     argv = ["env=repeat_letter_taskset", "backends=[grpo,tinker]", "model=tiny", "num_examples=4",
-            f"output={tmp_path}", "progress=false"]  # fmt: skip
+            f"output={tmp_path}", "progress=false"]
     assert main(argv) == 0
     report = (tmp_path / "report.md").read_text()
     assert "| grpo |" in report and "| tinker |" in report and "repeat_letter_taskset" in report
@@ -177,13 +177,13 @@ def test_kill_9_mid_rollout_leaves_no_toolset_server_running(tmp_path: Path):
     from process_marks import processes_marked
 
     argv = [sys.executable, "-m", "bridges.eval", "env=vf_v1_tools_taskset", "model=tiny", "num_examples=2",
-            "progress=false", f"output={tmp_path / 'out'}"]  # fmt: skip
+            "progress=false", f"output={tmp_path / 'out'}"]
     job_id = uuid.uuid4().hex  # this job's processes, and no other test's, carry it in their environment
     mark = f"BRIDGES_TEST_JOB={job_id}"
     log = tmp_path / "job.log"
     with log.open("w") as sink:
         job = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(FIXTURES), "BRIDGES_TEST_JOB": job_id},
-                               stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+                               stdout=sink, stderr=subprocess.STDOUT)
 
     def servers() -> list[int]:  # the job's processes but the launcher: the toolset servers it started
         return [pid for pid in processes_marked(mark) if pid != job.pid]
@@ -216,19 +216,19 @@ def test_an_agent_on_the_bash_program_harness_trains_on_each_in_process_backend(
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
     argv = [f"backend={backend}", f"output_dir={tmp_path}", "env=vf_v1_bash_dense_taskset", "progress=false",
             "trainer.max_steps=2", "trainer.batch_size=1", "trainer.group_size=2", "sampling.max_tokens=16",
-            "run_name=bash", *extra]  # fmt: skip
+            "run_name=bash", *extra]
     assert main(argv) == 0
     rows = _rows(tmp_path / "bash")
     assert [r["step"] for r in rows] == [1, 2] and all(r["episodes/masked_fraction"] == 0.0 for r in rows)
     if backend != "trl":
         traces = [json.loads(x) for x in (tmp_path / "bash" / "traces.jsonl").read_text().splitlines()]
         assert len(traces) == 4 and all(0 < len(t["turns"][0]["completion_ids"]) == len(t["turns"][0]["logprobs"])
-                                        for t in traces)  # fmt: skip
+                                        for t in traces)
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is in the dev extra; verifiers' programs need it")
 def test_verls_agent_loop_worker_runs_a_bash_program_agent(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any,
-                                                          monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+                                                          monkeypatch: pytest.MonkeyPatch):
     from recording_server import RecordingServer
     from verl_harness import N, batch_of, compose, rows_of, run_worker
 

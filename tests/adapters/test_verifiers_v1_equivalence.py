@@ -60,7 +60,7 @@ async def _ours(
     from bridges.client import EngineClient
 
     return await our_states(name, env_args, EngineClient(engine or ScriptedEngine(tokenizer), model_name="scripted"),
-                            SAMPLING)  # fmt: skip
+                            SAMPLING)
 
 
 @pytest.mark.slow

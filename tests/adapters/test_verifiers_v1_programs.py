@@ -44,7 +44,7 @@ async def test_a_bash_agent_gives_verifiers_own_rewards_on_the_subprocess_runtim
     ours = await _ours(ours_engine, 6)
     with serve_in_thread(EngineClient(theirs_engine, model_name="scripted")) as server:
         theirs = await verifiers_own_results("vf_v1_bash_taskset", {"taskset": {"num_tasks": 6}}, server.base_url,
-                                             "scripted", SAMPLING, harness=None)  # fmt: skip
+                                             "scripted", SAMPLING, harness=None)
     assert {key: state.reward for key, state in ours.items()} == {key: theirs[key][0] for key in ours}
     assert set(ours_engine.calls) == set(theirs_engine.calls) and len(ours_engine.calls) == 12  # 2 calls a task
     assert sorted(state.reward for state in ours.values()) == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]

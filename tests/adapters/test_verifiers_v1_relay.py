@@ -84,7 +84,7 @@ async def test_the_relay_refuses_as_an_upstream_error_and_streams_whole_events(t
     endpoint = v1_endpoint.SessionEndpoint()  # the relay needs no server: nothing listens
     relay, chat = EndpointRelay(endpoint, _client(tiny_path)), _dialect("/chat/completions")
     body = {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "seed": 1,
-            **endpoint.open_episode("0")}  # fmt: skip
+            **endpoint.open_episode("0")}
     sampling = SamplingConfig()
     with pytest.raises(ProviderError) as info:
         await relay.get_response(chat, {**body, v1_endpoint.EPISODE_KEY: "9"}, sampling, session_id="s")

@@ -41,7 +41,7 @@ async def test_a_group_of_each_seat_plays_one_episode_per_pair():
     results = await asyncio.gather(*(pool.play(key, seat, SLOTS, start) for seat in SEATS for _ in range(3)))
     assert start.started == 3  # 6 rollouts, 3 hands
     mine = {seat: [r for (r, _, _), s in zip(results, [s for s in SEATS for _ in range(3)], strict=True) if s == seat]
-            for seat in SEATS}  # fmt: skip
+            for seat in SEATS}
     assert sorted(mine["player0"]) == sorted(mine["player1"]) == [1, 2, 3]  # each hand trains both seats
     assert sorted(shared for _, _, shared in results) == [False] * 3 + [True] * 3
     assert {index for _, index, _ in results} == {0}  # one trace per seat per hand
@@ -62,7 +62,7 @@ async def test_different_tasks_clients_or_arguments_never_share():
     pool: SharedEpisodes[int] = SharedEpisodes()
     start = Episodes()
     keys = [Match(0, 1, "m", {"seed": 1}), Match(0, 2, "m", {"seed": 1}),
-            Match(1, 1, "m", {"seed": 1}), Match(0, 1, "m", {"seed": 2})]  # fmt: skip
+            Match(1, 1, "m", {"seed": 1}), Match(0, 1, "m", {"seed": 2})]
     seats = ["player0", "player1", "player1", "player1"]
     await asyncio.gather(*(pool.play(k, seat, SLOTS, start) for k, seat in zip(keys, seats, strict=True)))
     assert start.started == 4

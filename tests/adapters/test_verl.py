@@ -97,7 +97,7 @@ def test_tool_env_masks_the_tool_result_and_matches_the_ledger(
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
             {"role": "tool", "tool_call_id": "c", "content": "5"},
             {"role": "assistant", "content": "The sum is 5."},
-        ]  # fmt: skip
+        ]
         full = tiny_tokenizer.apply_chat_template(conversation, tools=[ADD_TOOL])["input_ids"]
         ids = row["prompt"] + row["response"]
         assert (
@@ -249,10 +249,10 @@ async def test_a_reply_ended_by_a_stop_string_is_cut_there_as_on_every_backend(t
             return TokenOutput(token_ids=sampled, log_probs=[-0.5] * len(sampled), stop_reason="completed")
 
     engine = VerlServerEngine(VllmServers(), tiny_tokenizer, base_sampling_params={"temperature": 1.0},
-                              response_length=64)  # fmt: skip
+                              response_length=64)
     client = EngineClient(engine, model_name="tiny")
     reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                 stop=["END", "never"], max_tokens=32)  # fmt: skip
+                                                 stop=["END", "never"], max_tokens=32)
     assert reply.choices[0].finish_reason == "stop" and reply.choices[0].message.content == "yes. "
     [sample] = await engine.generate([1, 2, 3], SamplingParams(stop=["END", "never"]))
     assert sample.stop_str == "END" and sample.token_ids == sampled  # the ids stay whole

@@ -32,7 +32,7 @@ pytest.importorskip("verl")
 pytestmark = pytest.mark.usefixtures("ray_alone")  # every test here starts or joins a Ray cluster
 SMALL = ["backend=verl", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8",
          "progress=false", "env=bridges_test_dense_env",  # a reward every group spreads on: one that trains nothing is an error
-         "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical (last: SMALL[:-1] drops it)  # fmt: skip
+         "verl.trainer.device=cpu"]  # a CPU cluster says so: its GPU resource is logical (last: SMALL[:-1] drops it)
 ENVS = str(Path(__file__).parents[1] / "grpo" / "envs")  # where every raylet's workers import it from
 
 
@@ -59,15 +59,15 @@ def two_raylets(head_gpus: int, worker_gpus: int) -> Iterator[dict[str, str]]:
     root = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
     port = free_port()
     env = {**os.environ, **GCS_WAIT, "RAY_AUTH_MODE": "disabled", mark.split("=")[0]: mark.split("=")[1],
-           "PYTHONPATH": ENVS}  # fmt: skip
+           "PYTHONPATH": ENVS}
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     try:
         subprocess.run(ray_command("start", "--head", "--port", str(port), "--num-cpus", "3", "--num-gpus", str(head_gpus),
                                    "--include-dashboard=false", "--temp-dir", str(root / "head"), *common),
-                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+                       env=env, check=True, capture_output=True, timeout=180)
         subprocess.run(ray_command("start", "--address", f"127.0.0.1:{port}", "--num-cpus", "2",
                                    "--num-gpus", str(worker_gpus), "--temp-dir", str(root / "worker"), *common),
-                       env=env, check=True, capture_output=True, timeout=180)  # fmt: skip
+                       env=env, check=True, capture_output=True, timeout=180)
         yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
         for pid in processes_marked(mark):
@@ -90,7 +90,7 @@ def cluster() -> Iterator[dict[str, str]]:
 def test_verl_on_a_two_raylet_cluster_loads_the_plugin_on_both(cluster: dict[str, str], tmp_path: Path):
     marks = tmp_path / "marks"
     job = subprocess.run([sys.executable, "-m", "bridges.train", *SMALL], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=900, env={**cluster, "BRIDGES_VERL_MARKS": str(marks)})  # fmt: skip
+                         text=True, timeout=900, env={**cluster, "BRIDGES_VERL_MARKS": str(marks)})
     assert job.returncode == 0, job.stderr[-3000:]
     loaded = [p.name.rsplit("-", 1)[0] for p in marks.iterdir()]
     nodes = {n for n in loaded if n != "driver"}
@@ -193,7 +193,7 @@ def test_gpus_are_counted_on_the_cluster_not_on_a_head_without_any(tmp_path: Pat
     config = parse_config(TrainConfig, [*SMALL[:-1], f"output_dir={tmp_path}", "engine=hf"])
     # the GPU node has 2 CPUs and verl reserves 3 beside its GPU: before, verl waited with no end
     with pytest.raises(ConfigError, match=r"^verl will reserve 1 Ray node\(s\) with 1 GPU\(s\) and 3 CPUs each .* "
-                                          r"start each with ray start --num-cpus=3 --num-gpus=1"):  # fmt: skip
+                                          r"start each with ray start --num-cpus=3 --num-gpus=1"):
         check_cluster_fits(gpu_layout(config, gpus), nodes)
     command, _, variables = prepare(config, gpus)
     keys = dict(arg.split("=", 1) for arg in command[3:])

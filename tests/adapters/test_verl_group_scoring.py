@@ -62,7 +62,7 @@ async def test_no_uid_or_a_group_of_one_scores_at_once(uid: Any, size: int):
          "trainer.batch_size=3 is not a multiple of verl's 2 agent-loop workers"),
         (["verl.actor_rollout_ref.rollout.agent.num_workers=0"], "num_workers must be a whole number of at least 1"),
     ],
-)  # fmt: skip
+)
 def test_the_launcher_refuses_worker_counts_that_would_split_a_group(
     argv: list[str], message: str, tmp_path: Any
 ):

@@ -89,7 +89,7 @@ def test_attention_and_remove_padding_are_chosen_together(flash: bool, tmp_path:
 
     real = importlib.util.find_spec
     monkeypatch.setattr(placement.importlib.util, "find_spec",
-                        lambda name, *a: (object() if flash else None) if name == "flash_attn" else real(name, *a))  # fmt: skip
+                        lambda name, *a: (object() if flash else None) if name == "flash_attn" else real(name, *a))
     cfg, env = composed(tmp_path, 8, monkeypatch)
     validated(cfg)
     model = cfg.actor_rollout_ref.model
@@ -123,7 +123,7 @@ def test_rollout_tensor_parallelism_is_one_below_about_7b(tmp_path: Path, monkey
     tiny = json.loads((Path(resolve_model_path("tiny")) / "config.json").read_text())
     (big / "config.json").write_text(json.dumps({**tiny, "hidden_size": 3584, "num_hidden_layers": 28,
                                                  "intermediate_size": 18944, "vocab_size": 152064, "num_attention_heads": 28,
-                                                 "num_key_value_heads": 4, "head_dim": 128, "tie_word_embeddings": False}))  # fmt: skip
+                                                 "num_key_value_heads": 4, "head_dim": 128, "tie_word_embeddings": False}))
     assert 7.0e9 < parameter_count(str(big)) < 8.0e9
     from bridges.adapters.verl.placement import GpuLayout, placement_overrides
 
@@ -171,13 +171,13 @@ def test_validation_groups_that_verl_would_split_between_workers_are_one_sentenc
     grouped = ["backend=verl", "verl.actor_rollout_ref.rollout.val_kwargs.n=2", "verl.actor_rollout_ref.rollout.val_kwargs.do_sample=true"]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, [*grouped, "verl.actor_rollout_ref.rollout.agent.num_workers=3", "trainer.batch_size=6",
-                       "dry_run=true"])  # fmt: skip
+                       "dry_run=true"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert "val_kwargs.n=2 validates 8 eval rows on 3 agent-loop workers" in err
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, [*grouped, "verl.actor_rollout_ref.rollout.agent.num_workers=4", "trainer.batch_size=8",
-                       "dry_run=true"])  # fmt: skip
+                       "dry_run=true"])
     assert exit_info.value.code == 0 and "verl.trainer.main_ppo" in capsys.readouterr().out
 
 

@@ -14,7 +14,7 @@ from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
 
 SMALL = ["backend=verl", "trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=8", "save_every=1",
-         "run_name=r", "progress=false", "env=bridges_test_dense_env"]  # fmt: skip
+         "run_name=r", "progress=false", "env=bridges_test_dense_env"]
 ENVS = Path(__file__).parents[1] / "grpo" / "envs"  # bridges_test_dense_env: a reward every group spreads on
 
 

@@ -64,7 +64,7 @@ async def test_updates_in_flight_keep_every_samples_version_exact(release: str, 
             await engine.aupdate_weights(weights)
 
     results = await asyncio.gather(*(engine.generate([5, 6, 7], params, n=2) for _ in range(12)), updates(),
-                                   *(engine.generate([8, 9], params) for _ in range(4)))  # fmt: skip
+                                   *(engine.generate([8, 9], params) for _ in range(4)))
     samples = [s for r in results if r for s in r]
     assert len(samples) == 12 * 2 + 4 and engine.weight_version == 3 == llm.updates
     # every request started and ended under one version, and its samples carry exactly that version
@@ -119,7 +119,7 @@ def test_every_engine_argument_is_a_field_of_the_release(release: str, monkeypat
 
     built: list[dict] = []
     monkeypatch.setattr(VLLMEngine, "from_pretrained", classmethod(
-        lambda cls, model, lora_rank=0, **user: built.append(engine_arguments(model, lora_rank, user))))  # fmt: skip
+        lambda cls, model, lora_rank=0, **user: built.append(engine_arguments(model, lora_rank, user))))
     gib = 1024**3
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gib, 80 * gib))  # faked at the seam
     config = parse_config(TrainConfig, ["engine=vllm", "vllm.enable_sleep_mode=true", "trainer.num_batches_ahead=0"])
@@ -143,7 +143,7 @@ def test_the_memory_share_is_what_the_trainer_leaves_free_or_one_sentence():
 
 @pytest.mark.parametrize("setting", [["engine=hf"], ["engine=vllm", "trainer.num_batches_ahead=1"],
                                      ["engine=vllm", "trainer.num_batches_ahead=0", "trainer.inference=server",
-                                      "trainer.server_urls=[http://127.0.0.1:9]"]])  # fmt: skip
+                                      "trainer.server_urls=[http://127.0.0.1:9]"]])
 def test_sleep_mode_where_something_generates_during_a_step_is_one_sentence(setting: list[str], capsys):
     from bridges.runs.config import run_cli
     from bridges.train import main

@@ -26,7 +26,7 @@ def test_sampling_params_map_onto_vllm_arguments():
         "n": 4, "max_tokens": 7, "temperature": 0.6, "top_p": 0.9, "top_k": -1, "logprobs": 0,
         "skip_special_tokens": False, "include_stop_str_in_output": False,
         "stop": ["\n"], "stop_token_ids": [2], "seed": 3,
-    }  # fmt: skip
+    }
 
 
 def _completion(ids, reason="stop", stop_reason=None, logprobs=True):
@@ -68,7 +68,7 @@ def test_top_logprobs_ask_vllm_for_alternatives_and_keep_the_best_k():
     # vLLM returns the top k plus the sampled id when it ranks lower: k + 1 entries at that position
     lp = SimpleNamespace
     entries = [{9: lp(logprob=-0.1), 4: lp(logprob=-2.0), 5: lp(logprob=-3.0)},
-               {6: lp(logprob=-4.0), 1: lp(logprob=-0.5), 3: lp(logprob=-1.0)}]  # fmt: skip
+               {6: lp(logprob=-4.0), 1: lp(logprob=-0.5), 3: lp(logprob=-1.0)}]
     completion = SimpleNamespace(token_ids=[9, 6], logprobs=entries, finish_reason="stop", stop_reason=None)
     [sample] = samples_from_output(SimpleNamespace(outputs=[completion]), 0, top_k=2)
     assert sample.logprobs == [-0.1, -4.0]
@@ -117,7 +117,7 @@ def test_every_argument_our_engines_hand_vllm_is_an_engine_args_field(monkeypatc
     assert {"model", "dtype", "enable_lora", "gpu_memory_utilization"} <= fields and "device" not in fields
     built: list[dict] = []  # what from_pretrained would hand AsyncEngineArgs (it needs a GPU to go further)
     monkeypatch.setattr(VLLMEngine, "from_pretrained", classmethod(
-        lambda cls, model, lora_rank=0, **user: built.append(engine_arguments(model, lora_rank, user))))  # fmt: skip
+        lambda cls, model, lora_rank=0, **user: built.append(engine_arguments(model, lora_rank, user))))
     serve_options = engine_options(parse_config(ServeConfig, ["engine=vllm"]))
     VLLMEngine.from_pretrained("tiny", lora_rank=0, **serve_options)
     config = parse_config(TrainConfig, ["engine=vllm", "trainer.lora_rank=8", "vllm.max_model_len=2048"])

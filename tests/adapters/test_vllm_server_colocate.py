@@ -41,7 +41,7 @@ def test_request_body_asks_for_token_ids_and_sampled_logprobs():
     assert completion_body("m", [1, 2], params, 2) == {
         "model": "m", "prompt": [1, 2], "n": 2, "max_tokens": 5, "temperature": 0.7, "top_p": 0.9,
         "logprobs": 0, "return_token_ids": True, "top_k": 3, "stop": ["x"], "seed": 4,
-    }  # fmt: skip
+    }
 
 
 async def test_server_engine_round_trips_token_ids_and_matches_the_engine(served: Any, tiny_tokenizer: Any):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 SMALL = ["env=repeat_letter_agent", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
-         "trainer.group_size=4", "run_name=agent"]  # fmt: skip
+         "trainer.group_size=4", "run_name=agent"]
 AGENT_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 
 
@@ -69,7 +69,7 @@ def test_verls_agent_loop_worker_trains_on_the_agents_sampled_ids(tmp_path: Path
             response[: len(a)] == list(a) and response[len(response) - len(b) :] == list(b)
             and sum(row["mask"]) == len(a) + len(b)
             for a in sampled for b in sampled
-        )  # fmt: skip
+        )
 
 
 def test_bridges_eval_runs_an_agent_as_a_command_and_scores_it(tmp_path: Path):
@@ -78,7 +78,7 @@ def test_bridges_eval_runs_an_agent_as_a_command_and_scores_it(tmp_path: Path):
         [sys.executable, "-m", "bridges.eval", "env=repeat_letter_agent", "env_args.command=true", "model=tiny",
          "num_examples=2", "rollouts_per_example=2", "progress=false", f"output={out}"],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = _lines(out / "results.jsonl")
     assert len(rows) == 4
@@ -95,7 +95,7 @@ def test_the_openai_agents_sdk_example_trains_on_a_real_bpe_vocabulary_with_the_
          "model=tiny-qwen2.5", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4",
          "progress=false", f"output_dir={tmp_path}", "run_name=sdk"],
         cwd=AGENT_EXAMPLES, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = _lines(tmp_path / "sdk" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

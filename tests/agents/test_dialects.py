@@ -22,7 +22,7 @@ def one_sample(session: Any) -> bool:
 
     stats = SampleStats()
     turns_to_samples([turn_from_response(r) for r in session.responses], advantage=1.0, reward=1.0,
-                     example_id=0, stats=stats)  # fmt: skip
+                     example_id=0, stats=stats)
     return stats.samples == 1 and stats.breaks == 0
 
 
@@ -45,7 +45,7 @@ async def test_a_responses_tool_round_trip_is_one_sample(server: LoopbackServer,
     assert call.name == "shout" and first.status == "completed"
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "xxxxxx"}
     second = await ask(input=[*asked, {"type": "function_call", "call_id": call.call_id, "name": call.name,
-                                       "arguments": call.arguments}, result])  # fmt: skip
+                                       "arguments": call.arguments}, result])
     assert second.output_text == "xxxxxx" and second.usage.output_tokens == len(engine.calls[-1][1])
     third = await ask(input=[{"role": "user", "content": "Again."}], previous_response_id=second.id)
     assert len(session.responses) == 3 and one_sample(session)
@@ -65,7 +65,7 @@ async def test_the_openai_agents_sdks_default_responses_model_runs_unchanged(ser
         return letter * times
 
     agent = Agent(name="letters", instructions="Be brief.", tools=[function_tool(shout)],
-                  model=OpenAIResponsesModel(model="policy", openai_client=sdk))  # fmt: skip
+                  model=OpenAIResponsesModel(model="policy", openai_client=sdk))
     result = await Runner.run(agent, "Say b", max_turns=4)
     assert result.final_output == "xxxxxx" and len(session.responses) == 2 and one_sample(session)
 
@@ -82,14 +82,14 @@ async def test_an_anthropic_messages_tool_round_trip_is_one_sample(server: Loopb
         if not stream:
             return await sdk.messages.create(model="any", max_tokens=64, system="Be brief.", tools=tools, messages=messages)
         async with sdk.messages.stream(model="any", max_tokens=64, system="Be brief.", tools=tools,
-                                       messages=messages) as events:  # fmt: skip
+                                       messages=messages) as events:
             return await events.get_final_message()
 
     first = await ask()
     (use,) = [block for block in first.content if block.type == "tool_use"]
     assert first.stop_reason == "tool_use" and use.name == "shout" and use.input == {"letter": "x", "times": 6}
     messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "xxxxxx"}]}]  # fmt: skip
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "xxxxxx"}]}]
     second = await ask()
     assert second.stop_reason == "end_turn" and second.content[0].text == "xxxxxx"
     assert len(session.responses) == 2 and one_sample(session)
@@ -108,7 +108,7 @@ async def test_what_a_dialect_cannot_carry_is_refused_by_name(server: LoopbackSe
     claude = anthropic.AsyncAnthropic(base_url=server.session_root(session), api_key=session.id, max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="'image' block"):
         await claude.messages.create(model="any", max_tokens=8, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])  # fmt: skip
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
     stranger = anthropic.AsyncAnthropic(base_url=f"{server.root}/s/nobody", api_key="k", max_retries=0)
     with pytest.raises(anthropic.NotFoundError, match="no session has this id"):
         await stranger.messages.create(model="any", max_tokens=8, messages=[{"role": "user", "content": "hi"}])

@@ -21,7 +21,7 @@ async def test_a_harness_opens_a_session_an_agent_calls_it_and_the_turns_come_ba
         async with httpx.AsyncClient(timeout=60) as http:
             assert (await http.post(f"{server.base_url}/sessions")).status_code == 401
             opened = (await http.post(f"{server.base_url}/sessions", headers=KEY, json={
-                "max_calls": 3, "sampling": {"temperature": 1.0, "max_tokens": 32}})).json()  # fmt: skip
+                "max_calls": 3, "sampling": {"temperature": 1.0, "max_tokens": 32}})).json()
             other = (await http.post(f"{server.base_url}/sessions", headers=KEY)).json()
             agent = openai.AsyncOpenAI(base_url=opened["base_url"], api_key="anything", max_retries=0)
             await agent.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say b"}])

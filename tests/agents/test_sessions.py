@@ -98,7 +98,7 @@ async def test_a_stream_carries_exactly_the_recorded_answer_tool_calls_included(
     client, _ = scripted()
     session = server.sessions.open(client, "m", {})
     tools = [{"type": "function", "function": {"name": "shout", "parameters": {"type": "object", "properties": {
-        "letter": {"type": "string"}, "times": {"type": "integer"}}}}}]  # fmt: skip
+        "letter": {"type": "string"}, "times": {"type": "integer"}}}}}]
     for kwargs in ({}, {"tools": tools}):
         stream = await sdk(session).chat.completions.create(
             model="m", messages=HELLO, stream=True, stream_options={"include_usage": True}, **kwargs

@@ -44,7 +44,7 @@ def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["backend=verl", "verl.trainer.total_epochs=many"], "verl.trainer.total_epochs must be a number in verl's PPO trainer config, got 'many'"),
         (["backend=tinker", "tinker.base_url=local", "tinker.adam_eps=-1"], "tinker.adam_eps must be greater than 0.0"),
     ],
-)  # fmt: skip
+)
 def test_native_sections_are_checked_against_the_native_config(
     argv: list[str], piece: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

@@ -117,7 +117,7 @@ def test_done_when_command_on_three_backends(tmp_path: Path):
     command = [
         sys.executable, "-m", "bridges.compare", "env=reverse_text", "backends=[grpo,trl,tinker]", "model=tiny",
         "num_examples=8", f"output={tmp_path}",
-    ]  # fmt: skip
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = (tmp_path / "report.md").read_text()

@@ -116,7 +116,7 @@ def test_done_when_command_in_a_subprocess(tmp_path: Path, capsys: pytest.Captur
     cmd = [
         sys.executable, "-m", "bridges.eval", "env=reverse_text", "model=tiny", "num_examples=8",
         "rollouts_per_example=2", f"output={out}", "sampling.max_tokens=8", "progress=false",
-    ]  # fmt: skip
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "generating 16 rows (8 examples)" in done.stdout and "reward" in done.stdout

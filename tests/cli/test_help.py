@@ -18,7 +18,7 @@ CLIS = {
     "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check_template:CheckConfig",
     "bridges.adapters.tinker.server": "bridges.adapters.tinker.server:TinkerServerConfig",
     "bridges.export": "bridges.jobs.export:ExportConfig", "bridges.sft": "bridges.jobs.sft:SFTRunConfig",
-}  # fmt: skip
+}
 
 
 def keys_of(schema: type, prefix: str = "") -> list[tuple[str, str]]:

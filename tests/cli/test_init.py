@@ -26,12 +26,12 @@ def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path:
     ]
     env = {**os.environ, "BRIDGES_CACHE_DIR": os.environ["BRIDGES_CACHE_DIR"]}
     tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=folder,
-                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+                            capture_output=True, text=True, timeout=300, env=env)
     assert tested.returncode == 0 and "2 passed" in tested.stdout, tested.stdout[-2000:]
     # a real pip install (into a target folder, not this environment), then env=<name> from elsewhere
     site = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                                "--target", str(site), str(folder)], capture_output=True, text=True, timeout=300)  # fmt: skip
+                                "--target", str(site), str(folder)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-2000:]
     entry = (site / "my_words-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert "[rl_bridges.environments]" in entry and "my-words = my_words:load_environment" in entry
@@ -42,7 +42,7 @@ def test_scaffold_passes_its_own_test_and_loads_by_name_once_installed(tmp_path:
         [sys.executable, "-m", "bridges.eval", "env=my-words", "model=tiny", "num_examples=2", "progress=false",
          f"output={out}"], cwd=elsewhere, capture_output=True, text=True, timeout=300,
         env={**env, "PYTHONPATH": str(site)},
-    )  # fmt: skip
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
     assert json.loads((out / "metadata.json").read_text())["env"] == "my-words"

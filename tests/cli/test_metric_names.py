@@ -11,7 +11,7 @@ from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
 
 SMALL = ["trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4",
-         "progress=false", "env=bridges_test_dense_env"]  # fmt: skip
+         "progress=false", "env=bridges_test_dense_env"]
 BACKENDS = {
     "grpo": [],
     "tinker": ["backend=tinker", "tinker.base_url=local"],

@@ -19,7 +19,7 @@ def train(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TINKER_API_KEY")}
     env["PYTHONPATH"] = str(Path(__file__).parents[1] / "grpo" / "envs")  # bridges_test_dense_env
     return subprocess.run([sys.executable, "-m", "bridges.train", "trainer.max_steps=3", *args],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 def screen_lines(stream: str) -> list[str]:

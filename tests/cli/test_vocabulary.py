@@ -22,7 +22,7 @@ def run(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tup
     ("old", "new"),
     [("temperature=0.5", "sampling.temperature"), ("max_tokens=8", "sampling.max_tokens"),
      ("tinker_base_url=http://x", "tinker.base_url")],
-)  # fmt: skip
+)
 def test_compare_refuses_its_old_spellings_naming_the_shared_key(old, new, capsys, tmp_path: Path):
     code, _, err = run("bridges.compare", [old, "dry_run=true", f"output={tmp_path}"], capsys)
     assert code == 2 and len(err.splitlines()) == 1
@@ -31,7 +31,7 @@ def test_compare_refuses_its_old_spellings_naming_the_shared_key(old, new, capsy
 
 def test_compare_takes_the_shared_keys_and_dry_runs_without_writing(capsys, tmp_path: Path):
     argv = ["sampling.temperature=0.5", "sampling.max_tokens=8", "tinker.base_url=http://x", "dry_run=true",
-            f"output={tmp_path}/report", "backends=[grpo]"]  # fmt: skip
+            f"output={tmp_path}/report", "backends=[grpo]"]
     code, out, err = run("bridges.compare", argv, capsys)
     assert code == 0, err
     assert "temperature: 0.5" in out and "max_tokens: 8" in out and "base_url: http://x" in out
@@ -54,7 +54,7 @@ def test_compare_dry_run_fails_as_a_real_run_would(capsys, tmp_path: Path):
         ("trainer", ["trainer.learning_rate", "trainer.gradient_checkpointing"]),
         ("sampling", ["sampling.temperature", "sampling.max_tokens"]),
     ],
-)  # fmt: skip
+)
 def test_help_answers_for_every_section_of_train(section, pieces, capsys):
     code, out, err = run("bridges.train", [f"help={section}"], capsys)
     assert code == 0 and not err
@@ -67,10 +67,10 @@ def test_help_answers_for_every_section_of_train(section, pieces, capsys):
     [("0", "Tinker trains LoRA adapters only: trainer.lora_rank=0 (full fine-tuning) is not offered, so the "
            "adapter takes Tinker's default rank 32"),
      ("8", "Tinker trains a LoRA adapter of rank 8 (trainer.lora_rank).")],
-)  # fmt: skip
+)
 def test_tinker_says_which_adapter_rank_it_trains(rank, said, capsys, tmp_path: Path):
     argv = ["backend=tinker", "tinker.base_url=local", f"trainer.lora_rank={rank}", "dry_run=true",
-            f"output_dir={tmp_path}"]  # fmt: skip
+            f"output_dir={tmp_path}"]
     code, out, err = run("bridges.train", argv, capsys)
     assert code == 0, err
     assert said in out
@@ -100,5 +100,5 @@ def test_wandb_project_and_entity_reach_the_run(tmp_path: Path, monkeypatch: pyt
     settings = WandbConfig(project="mine")
     with pytest.raises(SystemExit):
         MetricsLogger(tmp_path, {}, "wandb", wandb_project=settings.resolved_project(),
-                      wandb_entity=settings.resolved_entity())  # fmt: skip
+                      wandb_entity=settings.resolved_entity())
     assert (seen["project"], seen["entity"]) == ("mine", "from-env")

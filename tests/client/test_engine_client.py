@@ -72,7 +72,7 @@ async def test_integral_floats_are_integers_and_prompt_ids_stay_inside_the_vocab
     """JSON does not tell 2 from 2.0 (nor does JSON Schema's integer, which bridges.serve documents)."""
     client, engine = make_client(["ok"])
     await client.chat.completions.create(model="m", messages=USER, n=2.0, max_tokens=5.0, seed=3.0,
-                                         extra_body={"top_k": 4.0, "stop_token_ids": [7.0]})  # fmt: skip
+                                         extra_body={"top_k": 4.0, "stop_token_ids": [7.0]})
     params = engine.calls[-1].params
     assert (engine.calls[-1].n, params.max_tokens, params.seed, params.top_k, params.stop_token_ids) == (2, 5, 3, 4, [7])
     assert all(type(v) is int for v in (params.max_tokens, params.seed, params.top_k, *params.stop_token_ids))
@@ -338,7 +338,7 @@ async def test_post_as_verifiers_calls_it_answers_what_the_sdk_route_answers(mak
 
     client, _ = make_client(["The answer is 4."])
     body = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 32,
-            "logprobs": True, "return_token_ids": True}  # fmt: skip
+            "logprobs": True, "return_token_ids": True}
     fast = await client.post("/chat/completions", body=body, cast_to=httpx.Response, options={})
     routed = await openai.AsyncOpenAI.post(client, "/chat/completions", body=body, cast_to=httpx.Response)
     assert fast.status_code == routed.status_code == 200
@@ -349,10 +349,10 @@ async def test_post_as_verifiers_calls_it_answers_what_the_sdk_route_answers(mak
         one.pop(key), two.pop(key)
     assert one == two  # choices, logprobs, token ids, usage, extras: identical
     text = await client.post("/completions", body={"model": "m", "prompt": "2+2=", "max_tokens": 4},
-                             cast_to=httpx.Response, options={"timeout": 5.0})  # fmt: skip
+                             cast_to=httpx.Response, options={"timeout": 5.0})
     assert text.json()["choices"][0]["text"]
     for bad in ({"model": "m", "messages": []}, {"messages": [{"role": "user", "content": "x"}]},
-                {"model": "m", "messages": [{"role": "user", "content": "x"}], "bogus": 1}):  # fmt: skip
+                {"model": "m", "messages": [{"role": "user", "content": "x"}], "bogus": 1}):
         with pytest.raises(openai.BadRequestError):
             await client.post("/chat/completions", body=bad, cast_to=httpx.Response, options={})
     with pytest.raises(UnsupportedEndpointError, match="serves only chat completions"):

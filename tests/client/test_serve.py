@@ -189,11 +189,11 @@ def test_tool_calls_off_the_wire_format_are_refused_by_name(served):
     server, _, _ = served
     good = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
     broken = [{**good, "id": 7}, {k: v for k, v in good.items() if k != "type"}, {**good, "type": "code"},
-              {**good, "function": {"name": "add", "arguments": {"a": 1}}}, {**good, "function": {"name": "add"}}, "call"]  # fmt: skip
+              {**good, "function": {"name": "add", "arguments": {"a": 1}}}, {**good, "function": {"name": "add"}}, "call"]
     with httpx.Client(base_url=server.url) as http:
         for call in broken:
             messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": "c1", "content": "2"}]  # fmt: skip
+                        {"role": "tool", "tool_call_id": "c1", "content": "2"}]
             r = http.post("/v1/chat/completions", json={"model": "bridges", "messages": messages, "max_tokens": 2})
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].tool_calls[0]", call
         messages[1]["tool_calls"] = [good]

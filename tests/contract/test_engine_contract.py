@@ -71,7 +71,7 @@ async def engine(
 
         base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         built = VerlServerEngine(HFRolloutServer(str(tiny_path)), tiny_tokenizer, base_sampling_params=base,
-                                 response_length=1 << 30)  # fmt: skip
+                                 response_length=1 << 30)
     else:
         import tinker
 
@@ -155,7 +155,7 @@ async def test_greedy_sampling_is_repeatable(engine: Any, tiny_path: Path, tiny_
 
         greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
         engine = VerlServerEngine(HFRolloutServer(str(tiny_path)), tiny_tokenizer, base_sampling_params=greedy,
-                                  response_length=1 << 30)  # fmt: skip
+                                  response_length=1 << 30)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     first = await engine.generate(prompt(engine.tokenizer), params)
     again = await engine.generate(prompt(engine.tokenizer), params)

@@ -44,7 +44,7 @@ async def test_streamed_chat_is_the_whole_response_cut_into_chunks(path, tool_ca
     stream = await create(
         model="tiny-tool", messages=tool_case.prompt, tools=tool_case.tools, stream=True,
         stream_options={"include_usage": True}, **GREEDY,
-    )  # fmt: skip
+    )
     message, chunks = await assemble(stream)
     assert type(chunks[0]).__name__ == "ChatCompletionChunk"
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -67,7 +67,7 @@ async def test_a_streamed_conversation_enters_the_ledger_exactly_as_a_whole_one(
     prompts = []
     for stream in (False, True):
         first = await create(model="tiny-tool", messages=tool_case.prompt, tools=tool_case.tools,
-                             stream=stream, **GREEDY)  # fmt: skip
+                             stream=stream, **GREEDY)
         if stream:
             reply, _ = await assemble(first)
         else:
@@ -78,7 +78,7 @@ async def test_a_streamed_conversation_enters_the_ledger_exactly_as_a_whole_one(
             {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "5"},
         ]
         second = await create(model="tiny-tool", messages=messages, tools=tool_case.tools, stream=stream,
-                              extra_body={"return_drift": True}, **GREEDY)  # fmt: skip
+                              extra_body={"return_drift": True}, **GREEDY)
         if stream:
             answer, chunks = await assemble(second)
             assert answer["content"] == tool_case.answer
@@ -93,7 +93,7 @@ async def test_streamed_completion(path):
     create = path.client.completions.create
     whole = await create(model="tiny-tool", prompt="What is", max_tokens=8, temperature=0.0)
     stream = await create(model="tiny-tool", prompt="What is", max_tokens=8, temperature=0.0, stream=True,
-                          stream_options={"include_usage": True})  # fmt: skip
+                          stream_options={"include_usage": True})
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
@@ -104,7 +104,7 @@ async def test_streamed_completion(path):
 async def test_top_logprobs_rank_the_distribution_the_token_was_drawn_from(path, tool_case):
     def ask(k: int, temperature: float, **kwargs: Any) -> Any:
         return path.client.chat.completions.create(model="tiny-tool", messages=tool_case.prompt, logprobs=True,
-                                                   top_logprobs=k, temperature=temperature, max_tokens=6, **kwargs)  # fmt: skip
+                                                   top_logprobs=k, temperature=temperature, max_tokens=6, **kwargs)
 
     r = await ask(5, 0.0)
     entries = r.choices[0].logprobs.content

@@ -45,7 +45,7 @@ def test_verdict_per_family(family_paths, capsys, model, code, verdict):
     assert report["ledger_extends"] is True and report["tool_round_trip"] is True
     assert report["forced_opener_matches"] is True
     assert report["engine_must_emit"] == [{"tiny-llama3": "<|eot_id|>", "tiny-mistral": "</s>",
-                                           "tiny-deepseek-v3": "<｜end▁of▁sentence｜>"}.get(model, "<|im_end|>")]  # fmt: skip
+                                           "tiny-deepseek-v3": "<｜end▁of▁sentence｜>"}.get(model, "<|im_end|>")]
     assert report["ledger_appends"] == (["\n"] if model in ("tiny", "tiny-qwen2.5", "tiny-qwen3") else [])
     assert report["family"] == {"tiny": "hermes", "tiny-qwen2.5": "hermes"}.get(
         model, model[5:].replace("-", "_")

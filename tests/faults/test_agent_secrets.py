@@ -30,7 +30,7 @@ SECRETS = {
     "BRIDGES_SERVER_WEIGHTS_KEY": "w-secret", "BRIDGES_SERVER_API_KEY": "a-secret",
     "BRIDGES_V1_ENDPOINT_7f": "v1-secret", "HF_TOKEN": "hf_x", "WANDB_API_KEY": "wb", "MY_CLIENT_SECRET": "s",
     "AWS_SECRET_ACCESS_KEY": "aws", "UNRELATED_SETTING": "not a program's need",
-}  # fmt: skip
+}
 
 
 async def test_a_command_agent_sees_no_secret_unless_its_author_names_it(
@@ -42,7 +42,7 @@ async def test_a_command_agent_sees_no_secret_unless_its_author_names_it(
     env = AgentEnv(
         command=[sys.executable, "-c", PRINTS_ITS_ENVIRONMENT], rubric=Rubric(funcs=[lambda state: 1.0]),
         command_env={"TASK_MODE": "hard"}, command_inherit=["HF_TOKEN", "NOT_SET_ANYWHERE"],
-    )  # fmt: skip
+    )
     (state,) = await env.run_group({"question": "q", "answer": "a"}, client, "policy", 1, {"max_tokens": 8})
     assert state.error is None, state.error
     seen = json.loads(state["agent"].output.strip().splitlines()[-1])
@@ -62,5 +62,5 @@ def test_the_session_variables_win_over_anything_the_author_sets(monkeypatch: py
     assert env["LC_ALL"] == "C.UTF-8"
     assert [n for n in ("BRIDGES_X", "OPENAI_API_KEY", "GH_TOKEN", "db_secret_path") if is_secret(n)] == [
         "BRIDGES_X", "OPENAI_API_KEY", "GH_TOKEN", "db_secret_path",
-    ]  # fmt: skip
+    ]
     assert not any(is_secret(n) for n in ("PATH", "HOME", "KEYBOARD", "TOKENIZERS_PARALLELISM"))

@@ -38,7 +38,7 @@ def test_grpo_step_completes_with_env_reward_and_engine_faults(
             f"output_dir={tmp_path}", "progress=false", "trainer.max_steps=2", "trainer.batch_size=7",
             "trainer.group_size=2", "run_name=faults",
         ],
-    )  # fmt: skip
+    )
     assert trainer.run(config) == 0
     for row in metrics(tmp_path / "faults"):
         assert row["episodes/total"] == 14 and row["episodes/masked"] == 12
@@ -68,7 +68,7 @@ def test_trl_step_completes_and_keeps_failed_rollouts_out(tiny_path: Path, tmp_p
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=2, max_completion_length=64,
         max_steps=1, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-    )  # fmt: skip
+    )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny_path),
         args=args,
@@ -88,7 +88,7 @@ def test_tinker_step_completes_with_faulty_rollouts(tmp_path: Path, monkeypatch:
     argv = [
         "backend=tinker", "tinker.base_url=local", "env=bridges_fault_env", MIXED, f"output_dir={tmp_path}",
         "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=2", "run_name=faults",
-    ]  # fmt: skip
+    ]
     assert main(argv) == 0
     for row in metrics(tmp_path / "faults"):
         assert row["episodes/total"] == 8 and row["episodes/masked"] == 6

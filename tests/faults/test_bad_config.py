@@ -159,7 +159,7 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     (tmp_path / "no_eval_split.py").write_text(NO_EVAL_SPLIT)
     monkeypatch.chdir(tmp_path)
     return {"tmp": str(tmp_path), "file": str(file), "malformed": str(malformed), "listed": str(listed),
-            "fullrun": str(tmp_path / "fullrun")}  # fmt: skip
+            "fullrun": str(tmp_path / "fullrun")}
 
 
 @pytest.fixture(autouse=True)
@@ -204,7 +204,7 @@ WRITES = {"bridges.train": "runs", "bridges.eval": "outputs"}  # what a started 
 def test_bad_config_is_refused_before_anything_loads(
     module: str, argv: list[str], piece: str, paths: dict[str, str], no_model_loads: None,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-):  # fmt: skip
+):
     code, err = run(module, argv, paths, capsys)
     assert code == 2 and err.startswith("error: ") and piece in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -232,11 +232,11 @@ def test_dry_run_validates_exactly_like_a_real_run(paths: dict[str, str], capsys
          "names zz, which model 'tiny' does not have; its projection modules are"),
         (["env=../../etc"], "no environment '../../etc'"),
     ],
-)  # fmt: skip
+)
 def test_lora_targets_and_path_like_env_ids_are_refused_before_weights_load(
     argv: list[str], piece: str, paths: dict[str, str], capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch, tiny_path: Path,
-):  # fmt: skip
+):
     import transformers
 
     def refuse(*args: Any, **kwargs: Any) -> Any:

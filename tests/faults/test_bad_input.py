@@ -82,7 +82,7 @@ def test_other_clis_in_a_subprocess(module: str, argv: list[str], start: str):
     result = subprocess.run(
         [sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(repo)},
-    )  # fmt: skip
+    )
     assert result.returncode == 2, result.stderr[-1000:]
     err = result.stderr.strip().splitlines()[-1]
     assert err.startswith(start) and err.endswith(".") and "Traceback" not in result.stderr

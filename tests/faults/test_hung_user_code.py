@@ -25,7 +25,7 @@ def test_bridges_eval_masks_hung_hooks_and_rewards_writes_everything_and_exits(t
         sys.executable, "-m", "bridges.eval", "env=bridges_fault_env",
         "env_args.cases=[ok,env_hangs,stop_hangs,reward_hangs]", "env_args.hook_timeout=1.0",
         "env_args.reward_timeout=1.0", "rollouts_per_example=2", "progress=false", f"output={output}",
-    ]  # fmt: skip
+    ]
     started = time.monotonic()
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - started

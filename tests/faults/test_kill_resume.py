@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARGS = [
     "trainer.max_steps=6", "save_every=2", "keep_checkpoints=10", "trainer.batch_size=4", "trainer.group_size=4",
     "progress=false",
-]  # fmt: skip
+]
 
 
 def start(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:

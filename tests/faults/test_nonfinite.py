@@ -83,7 +83,7 @@ def _context(tiny_path: Path) -> tuple[Any, Any]:
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), loss_config=LossConfig(),
         pad_token_id=0, temperature=1.0, grad_accum_steps=1, max_grad_norm=1.0, master=master,
         scaler=make_scaler(torch.float32, torch.device("cpu")), device=torch.device("cpu"),
-    )  # fmt: skip
+    )
     return ctx, policy
 
 
@@ -96,7 +96,7 @@ def test_a_step_with_a_non_finite_loss_is_skipped_and_the_weights_stay_as_they_w
     sample = TrainingSample(
         token_ids=[1, 2, 3, 4, 5], loss_mask=[0, 0, 1, 1, 1], logprobs=[0.0, 0.0, -1.0, -1.0, -1.0],
         advantage=math.nan,
-    )  # fmt: skip
+    )
     result = train_step(ctx, [sample])
     assert result["skipped_nonfinite"] == 1.0 and not math.isfinite(result["loss"])
     after = policy.state_dict()
@@ -115,11 +115,11 @@ def test_the_run_stops_in_one_sentence_after_three_non_finite_steps_in_a_row(
 
     def diverging(ctx: Any, samples: list[Any]) -> dict[str, float]:  # what train_step reports for NaN
         return {"loss": math.nan, "grad_norm": math.nan, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
-                "skipped_nonfinite": 1.0}  # fmt: skip
+                "skipped_nonfinite": 1.0}
 
     monkeypatch.setattr(trainer, "train_step", diverging)
     argv = [f"output_dir={tmp_path}", "run_name=nan", "trainer.max_steps=10", "trainer.batch_size=4",
-            "trainer.group_size=4", "progress=false", "sampling.max_tokens=4"]  # fmt: skip
+            "trainer.group_size=4", "progress=false", "sampling.max_tokens=4"]
     with pytest.raises(SystemExit) as exit_info:
         from bridges.runs.config import run_cli
 

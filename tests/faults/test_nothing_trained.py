@@ -48,7 +48,7 @@ def test_a_run_that_trained_nothing_is_one_sentence_and_exit_2(
     (tmp_path / "constant_reward.py").write_text(CONSTANT_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     args = [f"backend={backend}", "env=constant_reward", f"output_dir={tmp_path}", "run_name=r", "progress=false",
-            "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]  # fmt: skip
+            "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, args)
     err = capsys.readouterr().err
@@ -82,7 +82,7 @@ def test_a_run_whose_every_rollout_fails_says_so(tmp_path: Path, monkeypatch, ca
     (tmp_path / "always_raises.py").write_text(ALWAYS_RAISES)
     monkeypatch.syspath_prepend(str(tmp_path))
     args = ["env=always_raises", f"output_dir={tmp_path}", "run_name=r", "progress=false", "trainer.max_steps=2",
-            "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]  # fmt: skip
+            "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]
     with pytest.raises(SystemExit) as exit_info:
         run_cli(main, args)
     err = capsys.readouterr().err

@@ -83,7 +83,7 @@ async def test_a_program_killed_mid_episode_or_looping_is_a_masked_rollout(qwen_
 
 def test_no_uv_is_one_sentence_before_any_rollout(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                               if not (Path(p) / "uv").exists()))  # fmt: skip
+                                               if not (Path(p) / "uv").exists()))
     with pytest.raises(ConfigError) as refused:
         load_environment("vf_v1_bash_taskset")
     assert str(refused.value) == (
@@ -104,7 +104,7 @@ def test_a_program_uv_cannot_prepare_is_one_sentence_before_any_rollout(
     real = shutil.which("uv")
     shim = tmp_path / "uv"
     shim.write_text(f'#!/bin/sh\ncase "$*" in *--help*) exec {real} "$@";; esac\n'
-                    'echo "error: Failed to fetch: https://pypi.org/simple/openai/ (index unreachable)" >&2\nexit 2\n')  # fmt: skip
+                    'echo "error: Failed to fetch: https://pypi.org/simple/openai/ (index unreachable)" >&2\nexit 2\n')
     shim.chmod(0o755)
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
@@ -112,5 +112,5 @@ def test_a_program_uv_cannot_prepare_is_one_sentence_before_any_rollout(
     monkeypatch.setattr(v1_programs, "_PREPARED", set())
     monkeypatch.setattr(SubprocessRuntime, "_interpreters", {})  # verifiers' per-process cache of prepared scripts
     with pytest.raises(ConfigError, match=r"its program could not be prepared on verifiers' subprocess runtime .*"
-                                          r"index unreachable.*uv must be able to install its script's dependencies"):  # fmt: skip
+                                          r"index unreachable.*uv must be able to install its script's dependencies"):
         load_environment("vf_v1_bash_taskset")

@@ -72,7 +72,7 @@ def test_no_request_is_answered_with_a_server_error(served_schema: Any, mode: Ge
     assert {op.path for op in operations} >= OPENAI_PATHS | {
         "/v1/sessions", "/v1/sessions/{session}", "/s/{session}/v1/chat/completions", "/s/{session}/v1/responses",
         "/s/{session}/v1/messages", "/s/{session}/v1/models", "/v1/weights", "/v1/weights/channel",
-    }  # fmt: skip
+    }
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and operation.method.upper() != "POST":
             continue  # no body, and any string is a well-formed path parameter: nothing can be malformed

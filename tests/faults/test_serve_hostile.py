@@ -72,7 +72,7 @@ BAD = [  # (body, status, a piece of the message, the param named)
     (chat(messages=[{"role": "assistant", "tool_calls": [{"id": "1"}]}]), 400, "must have a string 'id'", "messages[0].tool_calls[0]"),
     (chat(unknown_key=1), 400, "extra_body key 'unknown_key' is not supported", "unknown_key"),
     ({"model": "tiny", "prompt": "\udfff"}, 400, "unpaired UTF-16 surrogate", "prompt"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("body", "status", "piece", "param"), BAD, ids=[str(i) for i in range(len(BAD))])
@@ -130,7 +130,7 @@ def test_openapi_document_describes_every_endpoint(http: httpx.Client, hf_engine
     document = http.get("/openapi.json").json()
     assert document["openapi"].startswith("3.")
     served = {(route.path.replace(":path", ""), method.lower()) for route in create_app(EngineClient(hf_engine)).routes
-              for method in route.methods or () if method != "HEAD"}  # fmt: skip
+              for method in route.methods or () if method != "HEAD"}
     documented = {(path, method) for path, item in document["paths"].items() for method in item}
     assert served - {("/openapi.json", "get")} == documented
     chat_schema = document["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]["schema"]

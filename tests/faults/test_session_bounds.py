@@ -41,7 +41,7 @@ BAD_TYPES = [
     ("messages", {"max_tokens": 8, "messages": 5}, "'messages' must be array"),
     ("messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": 4}, "'stop_sequences' must be array"),
     ("messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "system": {"a": 1}}, "'system' must be string or array"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("route", "body", "words"), BAD_TYPES, ids=[f"{r}-{w[:24]}" for r, _, w in BAD_TYPES])
@@ -59,7 +59,7 @@ def test_a_body_of_the_wrong_types_is_400_in_the_routes_own_shape(server: Any, r
      ({"max_sampled_tokens": 0}, "'max_sampled_tokens' must be an integer from 1 to 1048576"),
      ({"max_prompt_tokens": 2**40}, "'max_prompt_tokens' must be an integer from 1 to 4194304"),
      ({"max_calls": True}, "'max_calls' must be an integer")],
-)  # fmt: skip
+)
 def test_caps_past_the_servers_ceilings_are_refused(server: Any, body: dict[str, Any], words: str):
     reply = open_session(server, **body)
     assert reply.status_code == 400 and words in reply.json()["error"]["message"]

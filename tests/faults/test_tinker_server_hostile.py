@@ -68,7 +68,7 @@ def call(http: httpx.Client, endpoint: str, body: Any) -> dict[str, Any]:
 def training_client(http: httpx.Client) -> str:
     session = http.post("/create_session", json={}).json()["session_id"]
     created = call(http, "/create_model", {"session_id": session, "model_seq_id": 0, "base_model": "tiny",
-                                            "lora_config": {"rank": 2}})  # fmt: skip
+                                            "lora_config": {"rank": 2}})
     return created["model_id"]
 
 
@@ -170,7 +170,7 @@ def test_bad_sample_requests_are_one_sentence_4xx(
         "session_id": session, "base_model": "tiny", "num_samples": 1,
         "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
         "sampling_params": {"max_tokens": 3, "temperature": 1.0},
-    }  # fmt: skip
+    }
     body.update(change)
     answer = call(http, "/asample", body)
     assert answer["status"] == 400 and message in answer["detail"], answer

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
-         for name in ("lookup", "search")]  # fmt: skip
+         for name in ("lookup", "search")]
 ASK = [{"role": "user", "content": "Find it."}]
 
 REPLIES = {  # (tool_choice, what the model writes after the prompt and any prefilled opener)
@@ -23,7 +23,7 @@ REPLIES = {  # (tool_choice, what the model writes after the prompt and any pref
     "auto, an empty name": ("auto", '<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>'),
     "required, a good call then a broken one": (
         "required", 'lookup", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": '),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(REPLIES))
@@ -49,6 +49,6 @@ async def test_an_environment_still_sees_the_call_and_may_ask_for_declared_ones_
     client, _ = scripted(lambda prompt: REPLIES["auto, an undeclared name"][1])
     plain = await client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=64)
     asked = await client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, max_tokens=64,
-                                                 extra_body={"declared_tools_only": True})  # fmt: skip
+                                                 extra_body={"declared_tools_only": True})
     assert [c.function.name for c in plain.choices[0].message.tool_calls or []] == ["rm_rf"]
     assert asked.choices[0].message.tool_calls is None and "rm_rf" in (asked.choices[0].message.content or "")

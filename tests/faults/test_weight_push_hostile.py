@@ -46,7 +46,7 @@ def post(server: Any, path: str, body: Any = None, raw: bytes | None = None) -> 
 def chat_seconds(server: Any) -> float:
     started = time.monotonic()
     reply = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
-                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert reply.status_code == 200, reply.text
     return time.monotonic() - started
 
@@ -203,7 +203,7 @@ NOT_OK = [
     ("a bool weight", lambda good: Payload("full", 3, {"model.norm.weight": torch.ones(64, dtype=torch.bool)}), "is bool"),
     ("a NaN LoRA scaling", lambda good: lora(float("nan")), "scaling holds NaN"),
     ("a 1e39 LoRA scaling", lambda good: lora(1e39), "NaN or infinite"),
-]  # fmt: skip
+]
 
 
 def lora(scaling: float) -> Payload:
@@ -237,7 +237,7 @@ async def test_a_poisoned_channel_push_is_refused_the_same_way(served: Any, tiny
 
 @pytest.mark.parametrize(
     "version", [10**18, "\u00b2", "9" * 5000, "-1", "1.5", " 7"], ids=["1e18", "superscript", "5000-digits", "negative", "fraction", "space"]
-)  # fmt: skip
+)
 def test_a_version_off_the_bounds_is_400_not_500_and_pins_nothing(served: Any, version: Any):
     from safetensors.torch import save
 
@@ -258,7 +258,7 @@ def test_versions_are_ordered_within_a_run_and_a_new_run_takes_over(served: Any,
 
     assert [push(50, "old"), push(49, "old"), push(1, "resumed"), push(0, "resumed"), push(2, "resumed")] == [
         200, 409, 200, 409, 200,
-    ]  # fmt: skip
+    ]
     assert post(server, "", raw=encode(Payload("full", 1, norm, run="../../etc"))).status_code == 400
     health = httpx.get(f"{server.url}/health").json()
     assert (health["weight_run"], health["weight_version"], engine.weight_version) == ("resumed", 2, 2)
@@ -297,7 +297,7 @@ async def test_a_resumed_trainer_numbers_its_pushes_from_its_step(served: Any, t
     pool.run, pool.version, pool.channel = "resumed", 7, HttpChannel(AUTH)  # as open_server_rollouts sets them
     await pool.check_all()
     rollouts = ServerRollouts(pool, None, 2, advantage_method("grpo"), gather_all=lambda m: dict(m.state_dict()),
-                              barrier=lambda: None, wait_s=5)  # fmt: skip
+                              barrier=lambda: None, wait_s=5)
     policy = fresh(tiny_path)
     await rollouts.update_weights(dict(policy.state_dict()), policy)
     await rollouts.update_weights(dict(policy.state_dict()), policy)
@@ -321,7 +321,7 @@ def test_a_manifest_nested_past_any_parser_is_400(served: Any):
     server, engine = served
     deep = b"[" * 100_000 + b"]" * 100_000
     reply = httpx.post(f"{server.url}/v1/weights", content=deep, timeout=60,
-                       headers={**AUTH, "Content-Type": "application/json"})  # fmt: skip
+                       headers={**AUTH, "Content-Type": "application/json"})
     assert reply.status_code == 400 and "the manifest is not JSON" in reply.text and engine.weight_version == 0
 
 
@@ -338,7 +338,7 @@ def test_a_server_stopped_while_a_join_hangs_exits_cleanly(tmp_path: Path):
     try:
         join = {**JOIN, "port": peer.port, "timeout_s": 600}
         reply = httpx.post(f"{served.url}/v1/weights/channel", json=join, timeout=30,
-                           headers={"Authorization": f"Bearer {WEIGHTS_KEY}"})  # fmt: skip
+                           headers={"Authorization": f"Bearer {WEIGHTS_KEY}"})
         assert reply.status_code == 200
         time.sleep(1.0)  # the join is inside the store client now
         served.process.send_signal(signal.SIGINT)

@@ -16,15 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # the code that builds tensors for a model on trainer.device: one created on the default (CPU) device
 # would be a silent host-to-device copy per step on a GPU, or a device mismatch error
 CHECKED = [*sorted((ROOT / "bridges" / "grpo").glob("*.py")), *sorted((ROOT / "adapters" / "hf").glob("*.py")),
-           ROOT / "bridges" / "models" / "token_logprobs.py", ROOT / "adapters" / "tinker" / "local_model.py"]  # fmt: skip
+           ROOT / "bridges" / "models" / "token_logprobs.py", ROOT / "adapters" / "tinker" / "local_model.py"]
 FACTORIES = {"tensor", "zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint", "linspace", "eye",
-             "as_tensor", "Generator"}  # fmt: skip
+             "as_tensor", "Generator"}
 
 
 def flagged_calls(path: Path, describe: Callable[[ast.Call], str | None]) -> list[str]:
     """``path:line what`` for every call in ``path`` that ``describe`` names (None: not flagged)."""
     return [f"{path.relative_to(ROOT)}:{node.lineno} {what}" for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Call) and (what := describe(node)) is not None]  # fmt: skip
+            if isinstance(node, ast.Call) and (what := describe(node)) is not None]
 
 
 def _factory_without_device(node: ast.Call) -> str | None:
@@ -32,7 +32,7 @@ def _factory_without_device(node: ast.Call) -> str | None:
     if (
         isinstance(func, ast.Attribute) and func.attr in FACTORIES and isinstance(func.value, ast.Name)
         and func.value.id == "torch" and not any(k.arg == "device" for k in node.keywords)
-    ):  # fmt: skip
+    ):
         return f"torch.{func.attr}(...)"
     return None
 
@@ -49,7 +49,7 @@ def _factory_without_device(node: ast.Call) -> str | None:
         (["trainer.strategy=zero9"], "trainer.strategy must be one of ddp, fsdp; got 'zero9'"),
         (["backend=tinker", "tinker.base_url=local", "trainer.dtype=bf16"], "backend=tinker does not use trainer.dtype"),
     ],
-)  # fmt: skip
+)
 def test_bad_device_precision_and_process_settings_are_one_sentence(argv, piece, capsys):
     from bridges.train import main
 
@@ -64,7 +64,7 @@ def test_bad_device_precision_and_process_settings_are_one_sentence(argv, piece,
 # One device per rank in every thread: CUDA's current device is per thread (a new thread is on cuda:0)
 
 THREADED = [*sorted((ROOT / "bridges" / "grpo").glob("*.py")), *sorted((ROOT / "adapters" / "hf").glob("*.py")),
-            ROOT / "workflows" / "run_loop.py"]  # fmt: skip
+            ROOT / "workflows" / "run_loop.py"]
 # worker-thread calls that touch no GPU: a child process's join, an HTTP body's bytes, the whole model's
 # payload for a server that fell behind (host copies of tensors that name their device)
 UNBOUND_ALLOWED = {"self._process.join", "encode", "self._whole_parts", "reducer.barrier"}
@@ -87,7 +87,7 @@ SCANS = {
     "thread": (THREADED, _unbound_thread_entry, "asyncio.to_thread without bound(device, ...)",
                "async def f():\n    await asyncio.to_thread(train_step, 1)\n"
                "    await asyncio.to_thread(bound(d, train_step), 1)\n", "bad.py:2 train_step"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("scan", sorted(SCANS))
@@ -134,7 +134,7 @@ def test_a_real_run_binds_every_worker_thread_to_the_trainers_device(tmp_path: P
     monkeypatch.setattr(asyncio, "to_thread", checking)
     config = parse_config(TrainConfig, [f"output_dir={tmp_path}", "progress=false", "trainer.device=cpu",
                                         "trainer.max_steps=2", "save_every=1", "trainer.batch_size=2",
-                                        "trainer.group_size=2", "env=bridges_test_dense_env"])  # fmt: skip
+                                        "trainer.group_size=2", "env=bridges_test_dense_env"])
     assert run(config) == 0
     names = {name for name, _ in seen}
     assert {"train_step", "full_state_dict", "save_checkpoint", "_run_batch"} <= names, names

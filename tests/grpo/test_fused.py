@@ -21,7 +21,7 @@ def _batch(lengths: list[int]) -> object:
     generator = torch.Generator().manual_seed(0)
     samples = [TrainingSample(token_ids=torch.randint(3, 100, (n,), generator=generator).tolist(),
                               loss_mask=[0] * (n // 2) + [1] * (n - n // 2), logprobs=[0.0] * n, advantage=1.0)
-               for n in lengths]  # fmt: skip
+               for n in lengths]
     return collate(samples, pad_token_id=0)
 
 

@@ -50,7 +50,7 @@ def test_policy_loss_matches_trl_compute_loss(tiny_path, loss_type, tmp_path):
     )
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "x"}]}] * 4)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
-                          train_dataset=data, processing_class=tokenizer)  # fmt: skip
+                          train_dataset=data, processing_class=tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call the loss directly
     gen = torch.Generator().manual_seed(0)
@@ -98,7 +98,7 @@ def test_policy_loss_matches_trl_compute_loss(tiny_path, loss_type, tmp_path):
     ours = policy_loss(
         logps, batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
         LossConfig(loss_type=loss_type, epsilon=0.2, max_completion_length=5),
-    )  # fmt: skip
+    )
     assert abs(float(trl_loss)) > 1e-3
     assert float(ours.loss) == pytest.approx(float(trl_loss), abs=1e-5)
 
@@ -162,7 +162,7 @@ def test_the_ratio_cap_is_verls_dual_clip_exactly():
     from bridges.grpo.loss import LossConfig, policy_loss
 
     verl_config = ActorConfig(strategy="fsdp", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=2.5,
-                              ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1)  # fmt: skip
+                              ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1, rollout_n=1)
     generator = torch.Generator().manual_seed(0)
     old_1_T = torch.randn(1, 64, generator=generator) * 0.5 - 2
     new_1_T = old_1_T + torch.randn(1, 64, generator=generator) * 1.5  # ratios up to e^4: well past 2.5
@@ -170,7 +170,7 @@ def test_the_ratio_cap_is_verls_dual_clip_exactly():
     assert float(torch.exp(new_1_T - old_1_T).max()) > 2.5
     for advantage in (1.0, -1.0):
         theirs, _ = compute_policy_loss_vanilla(old_1_T, new_1_T, torch.full((1, 64), advantage), mask_1_T,
-                                                "token-mean", verl_config)  # fmt: skip
+                                                "token-mean", verl_config)
         ours = policy_loss(new_1_T, old_1_T, torch.tensor([advantage]), mask_1_T,
-                           LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, ratio_cap=2.5, beta=0.0))  # fmt: skip
+                           LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, ratio_cap=2.5, beta=0.0))
         assert float(ours.per_sample_B.sum()) == pytest.approx(float(theirs), abs=1e-7)

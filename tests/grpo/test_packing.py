@@ -26,7 +26,7 @@ def _samples(lengths: list[int], seed: int = 0) -> list[TrainingSample]:
         half = max(1, n // 2)
         out.append(TrainingSample(token_ids=[rng.randrange(3, 100) for _ in range(n)],
                                   loss_mask=[0] * half + [1] * (n - half), logprobs=[0.0] * half + [-2.0] * (n - half),
-                                  advantage=rng.choice([-1.0, 0.5, 1.0])))  # fmt: skip
+                                  advantage=rng.choice([-1.0, 0.5, 1.0])))
     return out
 
 
@@ -38,7 +38,7 @@ def test_packed_logprobs_and_gradients_are_the_padded_ones(tiny_path: Path, chun
     batch = collate(_samples(LENGTHS), pad_token_id=0)
     seen: list[tuple[int, ...]] = []
     model.get_decoder().register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)),
-                                                  with_kwargs=True)  # fmt: skip
+                                                  with_kwargs=True)
     results = []
     for packed in (False, True):
         logps = sequence_logprobs(model, batch.input_ids_B_L, batch.attention_mask_B_L, chunked=chunked, packed=packed)
@@ -87,7 +87,7 @@ def _step(tiny_path: Path, settings: list[str], samples: list[TrainingSample]) -
 
     torch.manual_seed(0)
     config = parse_config(TrainConfig, [f"model={tiny_path}", "trainer.device=cpu", "trainer.dtype=fp32",
-                                        "trainer.learning_rate=1e-2", *settings])  # fmt: skip
+                                        "trainer.learning_rate=1e-2", *settings])
     ctx, _ = build_step_context(config, placement("cpu", "fp32"), World())
     grads: list[Any] = []
     step = ctx.optimizer.step

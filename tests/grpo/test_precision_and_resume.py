@@ -56,7 +56,7 @@ def test_a_bf16_run_of_the_default_task_learns(tmp_path: Path):
     # a quarter of the default's rollouts per step at a higher learning rate: ~40 s instead of ~150 s
     config = parse_config(TrainConfig, [f"output_dir={tmp_path}", "progress=false", "trainer.dtype=bf16",
                                         "trainer.max_steps=100", "trainer.batch_size=8", "trainer.group_size=8",
-                                        "trainer.learning_rate=4e-3"])  # fmt: skip
+                                        "trainer.learning_rate=4e-3"])
     assert run(config) == 0
     rows = [json.loads(x) for x in (tmp_path / "grpo-repeat_letter" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]
@@ -75,7 +75,7 @@ def test_a_resumed_run_samples_the_resumed_weights_from_its_first_rollout(tmp_pa
     import bridges.grpo.trainer as trainer_module
 
     small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=2",
-             "save_every=1", "sampling.max_tokens=4", "env=bridges_test_dense_env", "run_name=r"]  # fmt: skip
+             "save_every=1", "sampling.max_tokens=4", "env=bridges_test_dense_env", "run_name=r"]
     assert run(parse_config(TrainConfig, [*small, "trainer.max_steps=2"])) == 0
     resumed = load_file(str(tmp_path / "r" / "checkpoints" / "step_000002" / "trainable.safetensors"))
     seen: list[dict[str, torch.Tensor]] = []
@@ -109,7 +109,7 @@ def test_a_checkpoint_resumes_under_another_number_of_processes_and_refuses_anot
 
     small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=2",
              "save_every=1", "sampling.max_tokens=4", "trainer.device=cpu", "env=bridges_test_dense_env",
-             "run_name=r"]  # fmt: skip
+             "run_name=r"]
     assert main([*small, "trainer.max_steps=1"]) == 0
     assert main([*small, "trainer.max_steps=2", "resume=true", "trainer.num_processes=2"]) == 0
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]

@@ -38,7 +38,7 @@ def one_step(out: Path, processes: int, *args: str) -> dict:
 @pytest.mark.parametrize(
     ("strategy", "lora"), [("ddp", False), ("fsdp", False), ("ddp", True), ("fsdp", True)],
     ids=["ddp", "fsdp", "ddp-lora", "fsdp-lora"],
-)  # fmt: skip
+)
 def test_two_processes_take_the_step_one_process_takes(tmp_path: Path, strategy: str, lora: bool, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     extra = [f"trainer.strategy={strategy}", *(["trainer.lora_rank=4"] if lora else []), "trainer.grad_accum_steps=2"]
@@ -61,7 +61,7 @@ def lines(path: Path) -> list[dict]:
 
 def train(*args: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "bridges.train", "progress=false", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def _workers(launcher: int) -> list[int]:
 @pytest.mark.slow
 def test_killing_one_process_stops_the_job_in_one_sentence_and_resume_continues(tmp_path: Path):
     args = ["trainer.num_processes=2", "trainer.max_steps=6", "save_every=2", "keep_checkpoints=10",
-            "trainer.batch_size=4", "trainer.group_size=4"]  # fmt: skip
+            "trainer.batch_size=4", "trainer.group_size=4"]
     run = tmp_path / "runs" / "grpo-repeat_letter"
     job = train(*args, cwd=tmp_path)
     deadline = time.monotonic() + 300

@@ -55,7 +55,7 @@ def test_recomputation_keeps_the_gradients_and_reruns_only_the_chosen_layers(tin
     reference, plain_calls, none = _gradients_and_forwards(tiny_path, "off")
     assert plain_calls == [1, 1, 1, 1] and none == 0
     for setting, expected_calls, count in (("full", [2, 2, 2, 2], 4), ("every:2", [2, 1, 2, 1], 2),
-                                           ("every:3", [2, 1, 1, 2], 2)):  # fmt: skip
+                                           ("every:3", [2, 1, 1, 2], 2)):
         grads, calls, recomputed = _gradients_and_forwards(tiny_path, setting)
         assert calls == expected_calls and recomputed == count, setting
         assert len(grads) == len(reference)
@@ -73,7 +73,7 @@ def test_the_trainer_config_takes_the_old_spellings_and_refuses_a_bad_one_in_one
     done = subprocess.run(
         [sys.executable, "-m", "bridges.train", "trainer.gradient_checkpointing=sometimes", "dry_run=true"],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "trainer.gradient_checkpointing must be off, full or every:K" in done.stderr
 

@@ -27,7 +27,7 @@ def both_ways(model: Any, vocab: int, temperature: float, chunk: int) -> tuple[t
     for chunked in (False, True):
         model.zero_grad()
         out = token_logprobs(model, ids, mask, targets, wanted, temperature=temperature, chunk_tokens=chunk,
-                             chunked=chunked)  # fmt: skip
+                             chunked=chunked)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
         results.append(out.detach())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))

@@ -26,7 +26,7 @@ RUN = Path("runs") / "grpo-repeat_letter"
 def train(cwd: Path, *args: str, key: str = WEIGHTS_KEY) -> subprocess.Popen[str]:
     env = {**os.environ, "BRIDGES_SERVER_WEIGHTS_KEY": key}
     return subprocess.Popen([sys.executable, "-m", "bridges.train", "progress=false", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -64,7 +64,7 @@ def test_two_processes_on_two_servers_sample_exactly_what_they_train(tmp_path: P
             server.wait()
         urls = ",".join(s.url for s in servers)
         job = train(tmp_path, "trainer.inference=server", f"trainer.server_urls=[{urls}]", "trainer.num_processes=2",
-                    "trainer.num_batches_ahead=0", "trainer.max_steps=6", "trainer.batch_size=8", "trainer.group_size=8")  # fmt: skip
+                    "trainer.num_batches_ahead=0", "trainer.max_steps=6", "trainer.batch_size=8", "trainer.group_size=8")
         out, err = job.communicate(timeout=600)
         assert job.returncode == 0, err[-3000:]
         metrics = lines(tmp_path / RUN / "metrics.jsonl")
@@ -88,7 +88,7 @@ def test_a_server_killed_mid_run_is_taken_out_and_readmitted_when_it_returns(tmp
     urls = ",".join(s.url for s in servers)
     # the pushes go over gloo pairs: the killed server's pair breaks, the fresh process joins a new one
     job = train(tmp_path, "trainer.inference=server", f"trainer.server_urls=[{urls}]", "trainer.max_steps=60",
-                "trainer.batch_size=4", "trainer.group_size=4", "save_every=0", "trainer.weight_channel=gloo")  # fmt: skip
+                "trainer.batch_size=4", "trainer.group_size=4", "save_every=0", "trainer.weight_channel=gloo")
     try:
         metrics = tmp_path / RUN / "metrics.jsonl"
         deadline = time.monotonic() + 300

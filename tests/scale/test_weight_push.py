@@ -174,7 +174,7 @@ def test_refused_pushes_are_one_sentence_and_change_nothing(
             ),
             400,
             "tied embeddings",
-        ),  # fmt: skip
+        ),
         (
             push(
                 server,
@@ -189,7 +189,7 @@ def test_refused_pushes_are_one_sentence_and_change_nothing(
             ),
             400,
             "lora_A",
-        ),  # fmt: skip
+        ),
     ]
     for reply, status, words in cases:
         assert reply.status_code == status and words in reply.json()["error"]["message"], reply.text

@@ -35,7 +35,7 @@ def global_batch(vocab: int, count: int = 16, seed: int = 0) -> list[TrainingSam
             token_ids=ids, loss_mask=[0] * prompt + [1] * completion,
             logprobs=[0.0] * prompt + [round(-rng.uniform(0.5, 4.0), 3) for _ in range(completion)],
             advantage=rng.choice([-1.0, -0.5, 0.5, 1.0]),
-        ))  # fmt: skip
+        ))
     return samples
 
 

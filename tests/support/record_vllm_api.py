@@ -18,7 +18,7 @@ import zipfile
 from typing import Any
 
 METHODS = ("generate", "pause_generation", "resume_generation", "is_paused", "reset_prefix_cache", "collective_rpc",
-           "sleep", "wake_up", "is_sleeping", "abort", "add_lora", "shutdown")  # fmt: skip
+           "sleep", "wake_up", "is_sleeping", "abort", "add_lora", "shutdown")
 # how a request made during pause_generation(mode="wait") is treated, from the method's docstring
 PAUSED_REQUESTS = {"queued": "will not be scheduled until resume", "refused": "rejected with"}
 
@@ -37,7 +37,7 @@ def _signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
     defaults = dict(zip(positional[len(positional) - len(a.defaults):], map(ast.unparse, a.defaults), strict=True))
     keyword = {p.arg: (ast.unparse(d) if d is not None else None) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)}
     return {"async": isinstance(func, ast.AsyncFunctionDef), "positional": positional, "defaults": defaults,
-            "keyword_only": keyword, "returns": ast.unparse(func.returns) if func.returns else None}  # fmt: skip
+            "keyword_only": keyword, "returns": ast.unparse(func.returns) if func.returns else None}
 
 
 def record(wheel: str) -> tuple[str, dict[str, Any]]:

@@ -17,7 +17,7 @@ class RecordingServer(HFRolloutServer):
         self.max_tokens: list[int] = []
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> Any:  # fmt: skip
+                       **kwargs: Any) -> Any:
         self.max_tokens.append(int(sampling_params.get("max_tokens") or self.response_length))
         out = await super().generate(
             request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs

@@ -39,7 +39,7 @@ SETTINGS = [(s, d, lora) for s in ("ddp", "fsdp") for d in ("fp32", "bf16", "fp1
 def context(strategy: str, dtype: str, lora: bool) -> StepContext:
     config = parse_config(TrainConfig, ["trainer.device=cpu", f"trainer.dtype={dtype}", f"trainer.strategy={strategy}",
                                         "trainer.learning_rate=1e-3", "trainer.grad_accum_steps=2",
-                                        *(["trainer.lora_rank=4"] if lora else [])])  # fmt: skip
+                                        *(["trainer.lora_rank=4"] if lora else [])])
     torch.manual_seed(0)
     return build_step_context(config, placement("cpu", dtype), world_from_env(strategy))[0]
 
@@ -78,7 +78,7 @@ def one_setting(strategy: str, dtype: str, lora: bool, folder: Path, vocab: int)
     tracker.track(resting(ctx))
     with tracker:
         save_checkpoint(folder, RunPosition(step=2), ctx.policy, ctx.optimizer, ctx.scheduler, ctx.master,
-                        ctx.world, scaler=ctx.scaler)  # fmt: skip
+                        ctx.world, scaler=ctx.scaler)
     ctx = context(strategy, dtype, lora)
     resumed = resume_latest_intact(folder, ctx.policy, ctx.optimizer, ctx.scheduler, ctx.master, ctx.world, ctx.scaler)
     assert resumed is not None and resumed[0].step == 2
@@ -90,7 +90,7 @@ def one_setting(strategy: str, dtype: str, lora: bool, folder: Path, vocab: int)
             "max_diff": max((straight[k] - again[k]).abs().max().item() for k in straight),
             "moved": max((straight[k] - start[k]).abs().max().item() for k in straight),
             "same_names": sorted(straight) == sorted(again), "loss_scale": [straight_scale, ctx.scaler.value],
-            "save_peak_over_step_peak": ratios}  # fmt: skip
+            "save_peak_over_step_peak": ratios}
 
 
 def main(out: str, folder: str) -> None:

@@ -22,7 +22,7 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         command = [sys.executable, "-m", "bridges.serve", f"model={model}", "device=cpu", f"port={self.port}",
-                   f"weights_key={weights_key}", "access_log=false"]  # fmt: skip
+                   f"weights_key={weights_key}", "access_log=false"]
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -35,7 +35,7 @@ def compose(tmp_path: Path, model: Path, kind: str, *extra: str, env: str = "bri
             f"output_dir={tmp_path}", "trainer.batch_size=2", f"trainer.group_size={N}",
             "sampling.max_tokens=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
         ],
-    )  # fmt: skip
+    )
     command, files, _ = prepare(config)
     assert command[1:3] == ["-m", "verl.trainer.main_ppo"]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")

@@ -84,14 +84,14 @@ class HFAsyncLLM:
         self.requests: list[dict[str, Any]] = []  # every vllm.SamplingParams as VLLMEngine built it
 
     async def generate(self, prompt: dict[str, Any], sampling_params: Any, request_id: str,
-                       lora_request: Any = None) -> AsyncIterator[Any]:  # fmt: skip
+                       lora_request: Any = None) -> AsyncIterator[Any]:
         kw = vars(sampling_params)
         self.requests.append(dict(kw))
         assert kw["n"] >= 1 and request_id
         params = SamplingParams(max_tokens=kw["max_tokens"], temperature=kw["temperature"], top_p=kw["top_p"],
                                 top_k=max(0, kw["top_k"]), stop=kw.get("stop") or [],
                                 stop_token_ids=kw.get("stop_token_ids") or [], seed=kw.get("seed"),
-                                top_logprobs=kw["logprobs"])  # fmt: skip
+                                top_logprobs=kw["logprobs"])
         samples = await self.hf.generate(list(prompt["prompt_token_ids"]), params, kw["n"])
         outputs = [
             SimpleNamespace(
@@ -99,7 +99,7 @@ class HFAsyncLLM:
                 logprobs=[
                     _position(t, lp, s.top_logprobs[i] if s.top_logprobs else [])
                     for i, (t, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True))
-                ],  # fmt: skip
+                ],
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_str,
             )
@@ -142,7 +142,7 @@ def _checked(record: dict[str, Any], name: str, args: tuple[Any, ...], kwargs: d
     spec = record["async_llm"][name]
     params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                 default=None if p in spec["defaults"] else inspect.Parameter.empty)
-              for p in spec["positional"]]  # fmt: skip
+              for p in spec["positional"]]
     params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in spec["keyword_only"]]
     try:
         inspect.Signature(params).bind(*args, **kwargs)

@@ -20,7 +20,7 @@ def test_the_bundled_trainer_evaluates_the_same_rows_with_the_same_seed_every_ev
 
     # a learning rate far below fp32's resolution of the weights: every evaluation sees the same weights
     args = [*ROWS, f"output_dir={tmp_path}", "run_name=r", "trainer.max_steps=3", "eval_every=2", "eval_examples=3",
-            "trainer.learning_rate=1e-20"]  # fmt: skip
+            "trainer.learning_rate=1e-20"]
     assert main(args) == 0
     rows = lines(tmp_path / "r" / "metrics.jsonl")
     evaluated = [r["step"] for r in rows if "eval/reward/mean" in r]
@@ -46,7 +46,7 @@ def test_trl_evaluates_on_its_own_eval_steps_and_the_row_carries_it(tmp_path: Pa
     from bridges.train import main
 
     args = ["backend=trl", *ROWS, f"output_dir={tmp_path}", "run_name=t", "trainer.max_steps=3", "eval_every=2",
-            "eval_examples=4", "env=bridges_test_dense_env"]  # TRL's rollouts vary run to run: a reward that spreads  # fmt: skip
+            "eval_examples=4", "env=bridges_test_dense_env"]  # TRL's rollouts vary run to run: a reward that spreads
     assert main(args) == 0
     rows = lines(tmp_path / "t" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]  # one row per step: TRL's evaluation line joins its step's
@@ -60,10 +60,10 @@ def test_trls_evaluation_line_is_merged_into_the_row_of_its_step():
     row_of = grpo_metric_row(8, eval_every=2, max_steps=3)
     written = [row_of(1, {"reward": 0.1, "loss": 0.0}), row_of(2, {"reward": 0.2, "loss": 0.0}),
                row_of(2, {"eval_reward": 0.5, "eval_reward_std": 0.1, "eval_loss": 0.0}),
-               row_of(3, {"reward": 0.3, "loss": 0.0}), row_of(3, {"eval_reward": 0.7})]  # fmt: skip
+               row_of(3, {"reward": 0.3, "loss": 0.0}), row_of(3, {"eval_reward": 0.7})]
     assert [r["step"] if r else None for r in written] == [1, None, 2, None, 3]
     assert written[2] == {"step": 2, "episodes/total": 8, "reward/mean": 0.2, "loss": 0.0,
-                          "eval/reward/mean": 0.5, "eval/reward/std": 0.1}  # fmt: skip
+                          "eval/reward/mean": 0.5, "eval/reward/std": 0.1}
     assert written[4]["eval/reward/mean"] == 0.7 and written[4]["reward/mean"] == 0.3
 
 
@@ -73,7 +73,7 @@ def test_verls_validation_rollouts_land_on_the_row_of_the_weights_they_sampled(t
     def trace(step: int, split: str, reward: float) -> str:
         turn = {"completion_ids": [1, 2], "prompt_ids": [3]}
         return json.dumps({"reward": reward, "stop_reason": "completed", "turns": [turn],
-                           "provenance": {"step": step, "split": split}}) + "\n"  # fmt: skip
+                           "provenance": {"step": step, "split": split}}) + "\n"
 
     # validation before training (weights of step 0: no row), training at steps 1 and 2, validation
     # after step 2 (its traces carry step 3: one past the weights they sampled)

@@ -19,7 +19,7 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory, tiny_path: Path) -> Path:
 
     out = tmp_path_factory.mktemp("rollouts")
     args = ["env=guess_number", "model=tiny", "num_examples=6", "rollouts_per_example=3", "progress=false",
-            f"output={out}", "split=train"]  # fmt: skip
+            f"output={out}", "split=train"]
     assert main(args) == 0
     return out
 
@@ -81,7 +81,7 @@ def test_sft_trains_resumes_and_writes_a_model_the_other_clis_load(rollouts: Pat
 
     export([f"rollouts={rollouts}", f"output={tmp_path / 'data'}"], capsys)
     base = [f"data={tmp_path / 'data'}", f"output_dir={tmp_path}", "run_name=warm", "trainer.batch_size=4",
-            "trainer.learning_rate=3e-3", "progress=false"]  # fmt: skip
+            "trainer.learning_rate=3e-3", "progress=false"]
     assert sft([*base, "trainer.max_steps=4", "save_every=2"]) == 0
     run = tmp_path / "warm"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -110,7 +110,7 @@ def test_sft_trains_resumes_and_writes_a_model_the_other_clis_load(rollouts: Pat
     from bridges.train import main as train
 
     args = ["env=bridges_test_dense_env", f"model={run / 'final'}", f"output_dir={tmp_path}", "run_name=rl", "progress=false",
-            "trainer.max_steps=1", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]  # fmt: skip
+            "trainer.max_steps=1", "trainer.batch_size=2", "trainer.group_size=2", "sampling.max_tokens=4"]
     assert train(args) == 0
 
 

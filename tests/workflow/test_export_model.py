@@ -17,7 +17,7 @@ from bridges.runs.config import run_cli
 from bridges.runtime.state_files import load_tensors
 
 TRAIN = ["trainer.max_steps=2", "save_every=1", "progress=false",
-         "trainer.learning_rate=1e-2"]  # fmt: skip
+         "trainer.learning_rate=1e-2"]
 
 
 @pytest.fixture(scope="module")

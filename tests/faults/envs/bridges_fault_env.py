@@ -22,7 +22,7 @@ from datasets import Dataset
 import bridges as br
 
 CASES = ["ok", "env_raises", "reward_raises", "overlong", "engine:permanent", "engine:hang", "engine:nan",
-         "engine:none", "engine:transient"]  # fmt: skip
+         "engine:none", "engine:transient"]
 
 
 BAD_REWARDS = {"reward_nan": math.nan, "reward_inf": math.inf, "reward_str": "0.5"}
