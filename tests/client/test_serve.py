@@ -172,6 +172,7 @@ def test_cli_serves_the_tiny_model_end_to_end(tiny_path):
             time.sleep(0.2)
         body = {"model": "tiny", "messages": USER, "max_tokens": 4, "temperature": 0, "return_drift": True}
         reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+        assert "choices" in reply, reply  # seen once in a full run (a KeyError): say what was answered
         choice = reply["choices"][0]
         assert 1 <= len(choice["token_ids"]) <= 4 and len(choice["token_logprobs"]) == len(
             choice["token_ids"]
