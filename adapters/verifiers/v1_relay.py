@@ -23,11 +23,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import from_json
 
 from bridges.adapters.verifiers.v1_endpoint import SessionEndpoint
 from bridges.agents.session_routes import chat_reply
-from bridges.client.http_bodies import response_bytes
+from bridges.client.http_bodies import response_json
 from bridges.runtime.errors import require_extra
 
 require_extra("verifiers", "verifiers", "verifiers v1 tasksets")  # one sentence when it is missing
@@ -49,7 +48,7 @@ class EndpointRelay(Client):
 
     async def get_response(self, dialect: Any, body: dict, sampling: Any, session_id: str | None = None,
                            turn: Any = None, headers: Mapping[str, str] | None = None) -> Any:
-        raw = from_json(response_bytes(await self._answer(dialect, body, session_id)))
+        raw = response_json(await self._answer(dialect, body, session_id))  # the JSON the wire would carry
         try:
             response = dialect.parse_response(dialect.validate_response(raw))
         except (ValueError, ValidationError) as exc:  # as EvalClient maps a reply it cannot read
@@ -75,19 +74,22 @@ class EndpointRelay(Client):
 
     async def relay_aux(self, dialect: Any, route: str, body: dict,
                         headers: Mapping[str, str] | None = None) -> dict:
-        raise model_error(f"upstream 404: the rollout's endpoint answers {CHAT_PATH} only, not {route}.",
-                          status_code=404)
+        raise _not_served(route)
 
     async def _answer(self, dialect: Any, body: dict, session_id: str | None) -> Any:
         """The engine's response to ``body`` (a copy: verifiers keeps its own), or the refusal raised as
         ``EvalClient`` raises an upstream error status."""
         if dialect.upstream_path != CHAT_PATH:
-            raise model_error(f"upstream 404: the rollout's endpoint answers {CHAT_PATH} only, not "
-                              f"{dialect.upstream_path}.", status_code=404)
+            raise _not_served(dialect.upstream_path)
         status, error, response = await self.endpoint.answer(self.client, dict(body), session_id or "")
         if error is not None:
             raise model_error(f"upstream {status}: {json.dumps(error)}", status_code=status)
         return response
+
+
+def _not_served(path: str) -> Exception:
+    """The 404 ``EvalClient`` would have raised for a route the endpoint does not serve, naming it."""
+    return model_error(f"upstream 404: the rollout's endpoint answers {CHAT_PATH} only, not {path}.", status_code=404)
 
 
 def install(interception: Any, config: Any, endpoint: SessionEndpoint, client: Any) -> bool:
@@ -95,5 +97,7 @@ def install(interception: Any, config: Any, endpoint: SessionEndpoint, client: A
     is one server (module doc); whether it did. A config already served keeps its client."""
     if not isinstance(interception, InterceptionServer):
         return False
-    interception.clients.setdefault(config.model_dump_json(), EndpointRelay(endpoint, client))
+    key = config.model_dump_json()
+    if key not in interception.clients:  # asked once per episode: a relay is made once per config
+        interception.clients[key] = EndpointRelay(endpoint, client)
     return True
