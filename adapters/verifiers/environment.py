@@ -65,7 +65,8 @@ class VerifiersRubric:
         """Score with verifiers' rubric; each of our states must carry the verifiers state it came from."""
         natives = [s._native for s in states]
         if any(n is None for n in natives):
-            raise ValueError("a verifiers rubric scores rollouts made by VerifiersEnvironment.rollout only.")
+            raise ValueError("a verifiers rubric scores rollouts made by VerifiersEnvironment.rollout, each once "
+                             "(the live verifiers state it reads is let go when scored).")
         started = time.perf_counter()
         score = self.vf_rubric.score_group
         if self._takes_semaphore:
@@ -75,6 +76,10 @@ class VerifiersRubric:
         else:
             await score(natives)
         for state, native in zip(states, natives, strict=True):
+            # Nothing reads the verifiers state after this. Kept, it would more than double what each
+            # finished rollout holds (about 100 tracked objects a turn: its messages, responses, spans),
+            # which the collector walks and the batch's memory carries until the step ends.
+            state._native = None
             failure = native.get(ERROR_KEY)
             if failure and not state.errored:
                 state.stop_reason, state.error = StopReason.REWARD_ERROR.value, failure

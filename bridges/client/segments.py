@@ -101,7 +101,11 @@ class SegmentEncoder:
     def encode_shared(self, text: str, memo: dict[str, list[int]]) -> list[int]:
         """``encode(text)`` for one of several texts that share most of their pieces (the prefixes of
         one conversation, as the drift measurement renders them): each piece between split tokens is
-        encoded once per ``memo``, so n nested prefixes cost about one encode of the longest, not n."""
+        encoded once per ``memo``, so n nested prefixes cost about one encode of the longest, not n.
+
+        Longer pieces also go through the shared LRU: pieces recur across conversations too (a system
+        prompt, few-shot turns, an environment's fixed replies), and here each piece would be one
+        backend call of its own (~4 us however short), where a lookup costs a hash of the piece."""
         if self._split is None:
             return self.encode(text)
         out: list[int] = []
@@ -109,34 +113,41 @@ class SegmentEncoder:
         for part in self._split.split(text):
             if not part:
                 continue
-            ids = short.get(part) if len(part) <= MAX_SHORT_PIECE else memo.get(part)
-            if ids is None:
-                ids = self._cache.get(part) or self.encode_one(part)
-                if len(part) > MAX_SHORT_PIECE:
-                    memo[part] = ids
-                elif len(short) < SHORT_PIECES:
-                    short[part] = ids
+            if len(part) <= MAX_SHORT_PIECE:
+                ids = short.get(part)
+                if ids is None:
+                    ids = self.encode_one(part)
+                    if len(short) < SHORT_PIECES:
+                        short[part] = ids
+            else:
+                ids = memo.get(part)
+                if ids is None:
+                    ids = memo[part] = self._cached(part)
             out += ids
         return out
+
+    def _cached(self, part: str) -> list[int]:
+        """``part``'s ids from the shared LRU, encoded and remembered there when missing."""
+        cache = self._cache
+        ids = cache.get(part)
+        if ids is None:
+            ids = cache[part] = self.encode_one(part)
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(part)
+        return ids
 
     def encode(self, text: str) -> list[int]:
         if self._split is None or len(text) < MIN_SEGMENTED_TEXT:
             return self.encode_one(text)
-        cache = self._cache
         out: list[int] = []
         pending: list[str] = []  # short pieces and split tokens, encoded together in one call
         for index, part in enumerate(self._split.split(text)):
             if index % 2 == 1 or len(part) < MIN_CACHED_SEGMENT:
                 pending.append(part)
                 continue
-            ids = cache.get(part)
-            if ids is None:
-                ids = self.encode_one(part)
-                cache[part] = ids
-                if len(cache) > self._cache_size:
-                    cache.popitem(last=False)
-            else:
-                cache.move_to_end(part)
+            ids = self._cached(part)
             if pending:
                 out += self.encode_one("".join(pending))
                 pending.clear()

@@ -153,6 +153,11 @@ async def test_a_plain_openai_client_against_an_endpoint_records_one_turn_per_re
         assert state.metrics["num_turns"] == 3.0  # three assistant replies, as the token-exact run counts
         for turn in state.turns:
             assert turn.prompt_ids and 0 < len(turn.completion_ids) == len(turn.logprobs)
+    # scored: the verifiers state each rollout carried is let go (results keep only our record), and a
+    # second scoring of the same rollouts says why it cannot read it instead of scoring nothing
+    assert all(s._native is None for s in group.states)
+    with pytest.raises(ValueError, match="each once"):
+        await env.rubric.score_group(group.states)
 
 
 @pytest.mark.slow

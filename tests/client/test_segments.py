@@ -94,3 +94,24 @@ def test_shared_encoding_of_nested_prefixes_equals_backend_encode(tok: Any):
             expected = backend.encode(text, add_special_tokens=False).ids
             assert encoder.encode_shared(text, memo) == expected, (trial, k)
             assert encoder.encode(text) == expected
+
+
+def test_shared_encoding_reuses_long_pieces_across_conversations(tok: Any):
+    """A piece another conversation's measurement already encoded (a system prompt, an environment's
+    fixed reply) is looked up, not sent to the backend again; the ids stay the backend's."""
+    encoder = SegmentEncoder(tok)
+    calls: list[str] = []
+    encode_one = encoder.encode_one
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return encode_one(text)
+
+    encoder.encode_one = counted  # type: ignore[method-assign]
+    system = "<|im_start|>system\nGuess the secret number between 1 and 100. Answer with a number.<|im_end|>\n"
+    for question in ("Guess the number, please.", "Guess it again, please now."):
+        text = system + f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        assert encoder.encode_shared(text, {}) == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    long_pieces = [c for c in calls if len(c) > 24]
+    assert long_pieces.count("system\nGuess the secret number between 1 and 100. Answer with a number.") == 1
+    assert len(long_pieces) == 3  # the system piece once, each question once

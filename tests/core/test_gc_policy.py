@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from bridges.runtime.gc_policy import OLDER_GENERATIONS_THRESHOLD, ROLLOUT_GC_THRESHOLD, relaxed_gc
+from bridges.runtime.gc_policy import (
+    OBJECTS_PER_ROLLOUT,
+    OLDER_GENERATIONS_THRESHOLD,
+    ROLLOUT_GC_THRESHOLD,
+    relaxed_gc,
+)
 
 
 def test_threshold_raised_inside_and_restored_after_nesting():
@@ -28,6 +33,28 @@ def test_threshold_raised_inside_and_restored_after_nesting():
         gc.set_threshold(2_000_000, 500, 10)
         with relaxed_gc():
             assert gc.get_threshold() == (2_000_000, 500, 10)
+    finally:
+        gc.set_threshold(*saved)
+
+
+def test_a_large_batch_raises_the_young_threshold_with_its_size():
+    """A batch's own live objects (a few hundred a rollout) must not trip young collections that free
+    nothing: the threshold grows with the batch; a smaller batch inside it never lowers it."""
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        with relaxed_gc(rollouts=100):  # 100 rollouts: the fixed floor is higher
+            assert gc.get_threshold()[0] == ROLLOUT_GC_THRESHOLD
+        with relaxed_gc(rollouts=10_000):
+            assert gc.get_threshold() == (OBJECTS_PER_ROLLOUT * 10_000, OLDER_GENERATIONS_THRESHOLD, 10)
+            with relaxed_gc(rollouts=64):
+                assert gc.get_threshold()[0] == OBJECTS_PER_ROLLOUT * 10_000
+            with relaxed_gc(rollouts=20_000):  # a larger batch starting alongside raises it further
+                assert gc.get_threshold()[0] == OBJECTS_PER_ROLLOUT * 20_000
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0, 10, 10)
+        with relaxed_gc(rollouts=10_000):  # disabled stays disabled
+            assert gc.get_threshold()[0] == 0
     finally:
         gc.set_threshold(*saved)
 
