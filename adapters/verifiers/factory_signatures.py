@@ -51,5 +51,5 @@ def install() -> bool:
     if not callable(ask):
         return False
     if not getattr(ask, "remembering", False):
-        _fields.takes_validated_data_argument = remembering(ask)
+        _fields.takes_validated_data_argument = remembering(ask)  # type: ignore[assignment]
     return True
