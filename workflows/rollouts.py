@@ -49,7 +49,7 @@ async def run_groups(
 ) -> list[Group]:
     """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight);
     a ``seed`` is shifted per row (``group_sampling_args``), so no two groups share noise."""
-    with relaxed_gc(rollouts=len(rows) * n):  # a batch of live rollouts: see bridges/runtime/gc_policy.py
+    with relaxed_gc(rollouts=min(len(rows) * n, env.max_concurrent)):  # a batch of live rollouts: see bridges/runtime/gc_policy.py
         return list(
             await asyncio.gather(
                 *(

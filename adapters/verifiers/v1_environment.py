@@ -27,7 +27,7 @@ import functools
 import math
 from typing import Any
 
-from bridges.adapters.verifiers import factory_signatures
+from bridges.adapters.verifiers.factory_signatures import install as remember_factory_signatures
 from bridges.adapters.verifiers.support import require_verifiers
 from bridges.adapters.verifiers.v1_serving import Serving
 from bridges.adapters.verifiers.v1_sharing import Match
@@ -89,7 +89,7 @@ class V1Environment(Environment):
     def __init__(self, vf_env: Any, *, seats: list[str], taskset_id: str, env_args: dict[str, Any]) -> None:
         from datasets import Dataset
 
-        factory_signatures.install()  # a v1 trace turn pays pydantic's signature check otherwise
+        remember_factory_signatures()  # a v1 trace turn pays pydantic's signature check otherwise
         self.vf_env = vf_env
         self._servings: dict[int, Serving] = {}  # by event loop
         taskset = vf_env.taskset

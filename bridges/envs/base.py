@@ -507,7 +507,7 @@ class Environment:
                     bar.set_postfix(reward=f"{sum(valid) / len(valid):.3f}", refresh=False)
 
         tasks = [asyncio.ensure_future(one(i, row)) for i, row in enumerate(row_list)]
-        with relaxed_gc(rollouts=len(tasks) * rollouts_per_example):  # thousands of live rollouts: see bridges/runtime/gc_policy.py
+        with relaxed_gc(rollouts=min(len(tasks) * rollouts_per_example, sem.value)):  # live rollouts: see bridges/runtime/gc_policy.py
             try:
                 await asyncio.gather(*tasks)
             finally:

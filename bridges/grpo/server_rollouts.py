@@ -61,7 +61,7 @@ class ServerRollouts:
     async def _batch(self, rows: list[dict[str, Any]], args: dict[str, Any], floor: int) -> list[Group]:
         await self._wait_for_a_server()
         first = next(self._turn) * len(rows)
-        with relaxed_gc(rollouts=len(rows) * self.group_size):
+        with relaxed_gc(rollouts=min(len(rows) * self.group_size, self.env.max_concurrent)):
             return list(await asyncio.gather(*(
                 self._group(first + j, row, group_sampling_args(args, row.get("example_id", j), self.group_size), floor)
                 for j, row in enumerate(rows)

@@ -18,13 +18,14 @@ switched off: a trainer that generates ahead may have a batch in flight for its 
 cycle that outlived a young collection must still be reclaimed while it runs. The caller's
 thresholds come back when the last batch ends.
 
-A batch that names its size (``rollouts``) raises the young threshold to ``OBJECTS_PER_ROLLOUT`` per
-rollout when that is higher. A rollout keeps a few hundred tracked objects alive until it ends (300
-measured: 10,000 three-turn verifiers rollouts held 3 million), so with a fixed threshold a large
-batch crosses it several times, and each young collection walks every live rollout's objects and frees
-none of them (0 collected in all six young collections of that batch; 0.9 s of its 13 s). Scaled, a
-batch's own allocations stay under the threshold; what a collection could have freed (cycles) is bounded
-by the same number, a few times the batch's own live objects.
+A batch that names how many of its rollouts run at once (``rollouts``) raises the young threshold to
+``OBJECTS_PER_ROLLOUT`` per rollout when that is higher. A rollout keeps a few hundred tracked objects
+alive until it ends (300 measured: 10,000 concurrent three-turn verifiers rollouts held 3 million), so
+with a fixed threshold a large batch crosses it several times, and each young collection walks every
+running rollout's objects and frees none of them (0 collected in all six young collections of that
+batch: 0.9 s of its 13 s). Scaled, the running rollouts' own allocations stay under it. What a
+collection could have freed meanwhile (cycles) is bounded by the same number, a few times what the
+running rollouts hold; the rollouts waiting on a concurrency limit hold almost nothing and do not count.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ _saved: tuple[int, int, int] | None = None
 
 @contextlib.contextmanager
 def relaxed_gc(threshold: int = ROLLOUT_GC_THRESHOLD, rollouts: int = 0) -> Iterator[None]:
-    """Collect generation 0 every ``threshold`` allocations (or ``OBJECTS_PER_ROLLOUT`` per rollout of
-    a batch of ``rollouts``, when more) and generation 1 after 100 of those (never more often than the
+    """Collect generation 0 every ``threshold`` allocations (or ``OBJECTS_PER_ROLLOUT`` for each of
+    ``rollouts`` running at once, when more) and generation 1 after 100 of those (never more often than the
     caller's own settings) inside the block; generation 2 keeps the caller's setting. A batch that
     starts while another runs raises the young threshold further if it needs more. The outermost exit
     restores the thresholds found on entry."""
