@@ -21,19 +21,20 @@ async def run_group(
     env: Environment,
     row: dict[str, Any],
     client: Any,
-    n: int,
+    group_size: int,
     sampling_args: dict[str, Any] | None = None,
     *,
     model: str = "policy",
     advantage: AdvantageMethod = "grpo",
 ) -> Group:
-    """n rollouts of one task, scored as a group (group reward functions see all n), with advantages.
+    """``group_size`` rollouts of one task, scored as a group (group reward functions see them all),
+    with advantages.
 
     Rollout failures are recorded inside the states by the environment (never raised), so one bad
-    rollout cannot abort the group; it comes back masked with its stop reason. ``n`` is checked by
-    ``Environment.run_group``, the one place every backend's groups go through.
+    rollout cannot abort the group; it comes back masked with its stop reason. ``group_size`` is
+    checked by ``Environment.run_group``, the one place every backend's groups go through.
     """
-    states = await env.run_group(row, client, model, n, sampling_args)
+    states = await env.run_group(row, client, model, group_size, sampling_args)
     return build_group(list(states), method=advantage)
 
 
@@ -41,7 +42,7 @@ async def run_groups(
     env: Environment,
     rows: Sequence[dict[str, Any]],
     client: Any,
-    n: int,
+    group_size: int,
     sampling_args: dict[str, Any] | None = None,
     *,
     model: str = "policy",
@@ -49,12 +50,14 @@ async def run_groups(
 ) -> list[Group]:
     """Several groups concurrently (the environment's ``max_concurrent`` bounds rollouts in flight);
     a ``seed`` is shifted per row (``group_sampling_args``), so no two groups share noise."""
-    with relaxed_gc(rollouts=min(len(rows) * n, env.max_concurrent)):  # a batch of live rollouts: see bridges/runtime/gc_policy.py
+    running = min(len(rows) * group_size, env.max_concurrent)
+    with relaxed_gc(rollouts=running):  # a batch of live rollouts: see bridges/runtime/gc_policy.py
         return list(
             await asyncio.gather(
                 *(
                     run_group(
-                        env, row, client, n, group_sampling_args(sampling_args, row.get("example_id", j), n),
+                        env, row, client, group_size,
+                        group_sampling_args(sampling_args, row.get("example_id", j), group_size),
                         model=model, advantage=advantage,
                     )
                     for j, row in enumerate(rows)

@@ -118,14 +118,14 @@ class V1Environment(Environment):
         row: dict[str, Any],
         client: Any,
         model: str,
-        n: int,
+        group_size: int,
         sampling_args: dict[str, Any] | None = None,
         *,
         semaphore: Any = None,
     ) -> list[State]:
         token = _GROUP_SEED.set((sampling_args or {}).get("seed"))
         try:
-            return await super().run_group(row, client, model, n, sampling_args, semaphore=semaphore)
+            return await super().run_group(row, client, model, group_size, sampling_args, semaphore=semaphore)
         finally:
             _GROUP_SEED.reset(token)
 

@@ -379,7 +379,7 @@ class Environment:
         if args.get("n", 1) != 1:
             raise ConfigError(
                 f"sampling_args n={args['n']} is not supported: a rollout samples one reply per turn; "
-                "ask for several rollouts with rollouts_per_example or run_group(n=...)."
+                "ask for several rollouts with rollouts_per_example or run_group(group_size=...)."
             )
         return args
 
@@ -440,23 +440,23 @@ class Environment:
         row: dict[str, Any],
         client: Any,
         model: str,
-        n: int,
+        group_size: int,
         sampling_args: dict[str, Any] | None = None,
         *,
         semaphore: LoopSemaphore | None = None,
     ) -> list[State]:
-        """``n`` rollouts of one row (under the environment's concurrency bound), scored as one group.
+        """``group_size`` rollouts of one row (under the environment's concurrency bound), scored as one group.
 
         A ``seed`` in ``sampling_args`` seeds the group: member ``i`` samples with ``seed + i``, so the
         members differ from each other while the whole group stays reproducible.
         """
-        if n < 1:
-            raise ConfigError(f"n (rollouts per example) must be at least 1, got {n}.")
+        if group_size < 1:
+            raise ConfigError(f"group_size (rollouts per example) must be at least 1, got {group_size}.")
         sem = semaphore or self._semaphore
         seed = (sampling_args or {}).get("seed")
         member_args = [
             {**sampling_args, "seed": seed + i} if isinstance(seed, int) and sampling_args else sampling_args
-            for i in range(n)
+            for i in range(group_size)
         ]
         states = list(
             await asyncio.gather(

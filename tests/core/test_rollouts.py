@@ -285,7 +285,7 @@ async def test_a_group_of_no_rollouts_is_one_sentence_from_the_one_place_that_ch
 
     server = ChatServer(lambda body, i: completion("<answer>4</answer>"))
     for n in (0, -2):
-        with pytest.raises(ConfigError, match=rf"^n \(rollouts per example\) must be at least 1, got {n}\.$"):
+        with pytest.raises(ConfigError, match=rf"^group_size \(rollouts per example\) must be at least 1, got {n}\.$"):
             await run_group(fast(), ROW, server.client(), n)
 
 

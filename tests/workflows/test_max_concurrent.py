@@ -34,10 +34,10 @@ async def test_setting_max_concurrent_after_construction_bounds_rollouts_in_flig
     assert env.max_concurrent == 64
     env.max_concurrent = 5  # what the grpo and Tinker trainers do with trainer.max_concurrent
     client = CountingClient()
-    groups = await run_groups(env, rows, client, n=4)
+    groups = await run_groups(env, rows, client, group_size=4)
     assert sum(len(g.states) for g in groups) == 32
     assert client.peak == 5
     env.max_concurrent = 32
     client = CountingClient()
-    await run_groups(env, rows, client, n=4)
+    await run_groups(env, rows, client, group_size=4)
     assert client.peak == 32
