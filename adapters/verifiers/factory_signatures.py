@@ -5,7 +5,7 @@ asks, for each field with a ``default_factory``, whether the factory takes the v
 running ``inspect.signature`` on it on every call. For a builtin class (``list``, ``dict``) that means
 parsing its text signature (``inspect._signature_fromstr``, an ``ast.parse``), which also leaves
 cyclic garbage for the collector: 13% of a v1 rollout's CPU here, and the remedy took v1 rollouts from
-about 505 to 605 a second (``benchmarks/v1_rollouts.py``' in-process path, tiny engine). pydantic
+about 505 to 590 a second (``benchmarks/v1_rollouts.py``' in-process path, tiny engine). pydantic
 remembers the answer for private attributes (pydantic#13390) but not on this path (pydantic#10536).
 
 The answer depends only on the factory, so for factories that are classes (few, long-lived, hashable)
