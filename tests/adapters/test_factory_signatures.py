@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, Field
 from pydantic._internal import _fields
 
@@ -59,3 +60,9 @@ def test_installed_model_construct_builds_the_same_models():
     after[0].children.append(1)
     assert after[1].children == []  # a fresh list per model, as before
     assert {list, dict} <= set(factory_signatures._answers)
+
+
+def test_a_pydantic_without_the_check_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delattr(_fields, "takes_validated_data_argument")
+    assert factory_signatures.install() is False
+    assert not hasattr(_fields, "takes_validated_data_argument")
