@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from bridges.jobs.check_template import CheckConfig, check
+from bridges.jobs.check import CheckConfig, check
 from bridges.runs.config import parse_config, run_cli
 
 

@@ -25,7 +25,7 @@ COMMANDS = {  # command -> its options, as ``help`` prints them
     "bridges.train": "bridges.jobs.train:train_schema", "bridges.eval": "bridges.jobs.evaluate:EvalConfig",
     "bridges.compare": "bridges.jobs.compare:CompareConfig", "bridges.serve": "bridges.server.run:ServeConfig",
     "bridges.export": "bridges.jobs.export:ExportConfig", "bridges.sft": "bridges.jobs.sft:SFTRunConfig",
-    "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check_template:CheckConfig",
+    "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check:CheckConfig",
 }
 
 

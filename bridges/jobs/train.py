@@ -79,7 +79,7 @@ def check_processes(config: TrainConfig) -> None:
 
 def template_verdict(model: str) -> str:
     """``bridges.check``'s one-line verdict on the model's chat template, printed as a run starts."""
-    from bridges.jobs.check_template import run_check
+    from bridges.jobs.check import run_check
 
     try:
         return f"template check: {run_check(model).verdict()}"

@@ -15,7 +15,7 @@ from bridges.runs.config import run_cli
 CLIS = {
     "bridges.train": "bridges.runs.train_config:TrainConfig", "bridges.eval": "bridges.jobs.evaluate:EvalConfig",
     "bridges.serve": "bridges.server.run:ServeConfig", "bridges.compare": "bridges.jobs.compare:CompareConfig",
-    "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check_template:CheckConfig",
+    "bridges.rescore": "bridges.jobs.rescore:RescoreConfig", "bridges.check": "bridges.jobs.check:CheckConfig",
     "bridges.adapters.tinker.server": "bridges.adapters.tinker.server:TinkerServerConfig",
     "bridges.export": "bridges.jobs.export:ExportConfig", "bridges.sft": "bridges.jobs.sft:SFTRunConfig",
 }
