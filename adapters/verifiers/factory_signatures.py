@@ -36,6 +36,8 @@ def remembering(ask: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if len(_answers) < MAX_REMEMBERED:
                 _answers[default_factory] = answer
             return answer
+        except TypeError:  # a class its metaclass made unhashable: asked every time, as before
+            return ask(default_factory)
 
     takes_validated_data_argument.remembering = True  # type: ignore[attr-defined]
     return takes_validated_data_argument

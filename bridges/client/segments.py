@@ -25,6 +25,7 @@ from typing import Any
 MIN_CACHED_SEGMENT = 128  # characters: shorter pieces cost less to encode than to look up
 MIN_SEGMENTED_TEXT = 512  # characters: below this one encode call is cheaper than splitting
 CACHE_SIZE = 2048
+CACHE_TOKENS = 2_000_000  # ids the LRU holds at most (~70 MB as Python ints), however long the pieces
 MAX_SHORT_PIECE = 24  # characters: pieces kept for good by ``encode_shared`` (role headers, newlines)
 SHORT_PIECES = 4096
 
@@ -74,7 +75,7 @@ def split_tokens(added: Iterable[Any], encode_special_tokens: bool = False) -> t
 class SegmentEncoder:
     """``encode(text)`` == the backend's ids, with long pieces between split tokens cached."""
 
-    def __init__(self, tokenizer: Any, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(self, tokenizer: Any, cache_size: int = CACHE_SIZE, cache_tokens: int = CACHE_TOKENS) -> None:
         backend = tokenizer.backend_tokenizer
         self._backend = backend
         self._encode_batch = getattr(backend, "encode_batch_fast", None)
@@ -85,6 +86,7 @@ class SegmentEncoder:
         )
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_tokens, self._held_tokens = cache_tokens, 0
         # short pieces every conversation repeats ("\n", "assistant\n"), and the split tokens
         self._short: dict[str, list[int]] = {token: self.encode_one(token) for token in self.split_tokens}
 
@@ -127,15 +129,19 @@ class SegmentEncoder:
         return out
 
     def _cached(self, part: str) -> list[int]:
-        """``part``'s ids from the shared LRU, encoded and remembered there when missing."""
+        """``part``'s ids from the shared LRU, encoded and remembered there when missing.
+
+        Bounded in pieces and in the ids they hold: a long tool result or reply is a piece too, and
+        2,048 of them could otherwise hold gigabytes of ids."""
         cache = self._cache
         ids = cache.get(part)
-        if ids is None:
-            ids = cache[part] = self.encode_one(part)
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        else:
+        if ids is not None:
             cache.move_to_end(part)
+            return ids
+        ids = cache[part] = self.encode_one(part)
+        self._held_tokens += len(ids)
+        while cache and (len(cache) > self._cache_size or self._held_tokens > self._cache_tokens):
+            self._held_tokens -= len(cache.popitem(last=False)[1])
         return ids
 
     def encode(self, text: str) -> list[int]:

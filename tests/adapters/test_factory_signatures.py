@@ -66,3 +66,16 @@ def test_a_pydantic_without_the_check_is_left_as_it_is(monkeypatch: pytest.Monke
     monkeypatch.delattr(_fields, "takes_validated_data_argument")
     assert factory_signatures.install() is False
     assert not hasattr(_fields, "takes_validated_data_argument")
+
+
+def test_a_class_that_cannot_be_hashed_is_asked_every_time():
+    class Unhashable(type):
+        __hash__ = None  # type: ignore[assignment]
+
+    class Factory(metaclass=Unhashable):
+        pass
+
+    asked: list[Any] = []
+    remembered = factory_signatures.remembering(lambda f: asked.append(f) or False)
+    assert [remembered(Factory), remembered(Factory)] == [False, False]
+    assert asked == [Factory, Factory]

@@ -115,3 +115,17 @@ def test_shared_encoding_reuses_long_pieces_across_conversations(tok: Any):
     long_pieces = [c for c in calls if len(c) > 24]
     assert long_pieces.count("system\nGuess the secret number between 1 and 100. Answer with a number.") == 1
     assert len(long_pieces) == 3  # the system piece once, each question once
+
+
+def test_the_shared_cache_holds_a_bounded_number_of_ids(tok: Any):
+    """Long pieces (a tool result, a long reply) are cached too; the LRU drops its oldest pieces once
+    the ids it holds pass its budget, and what it returns stays the backend's ids."""
+    encoder = SegmentEncoder(tok, cache_tokens=300)
+    backend = tok.backend_tokenizer
+    for k in range(12):
+        body = f"result {k} " * 20
+        text = f"<|im_start|>tool\n{body}<|im_end|>\n<|im_start|>assistant\n"
+        assert encoder.encode_shared(text, {}) == backend.encode(text, add_special_tokens=False).ids
+        held = sum(len(ids) for ids in encoder._cache.values())
+        assert held == encoder._held_tokens <= 300
+    assert 0 < len(encoder._cache) < 12  # the oldest pieces went
