@@ -54,12 +54,12 @@ def relaxed_gc(threshold: int = ROLLOUT_GC_THRESHOLD, rollouts: int = 0) -> Iter
     global _depth, _saved
     wanted = max(threshold, OBJECTS_PER_ROLLOUT * rollouts)
     with _lock:
-        if _depth == 0:
-            _saved = gc.get_threshold()
         young, older, oldest = gc.get_threshold()
+        if _depth == 0:  # the outermost batch: keep the caller's setting, relax the older generations
+            _saved = (young, older, oldest)
+            older = max(older, OLDER_GENERATIONS_THRESHOLD)
         if young > 0:  # 0: the caller disabled automatic collection; leave it so
-            base = _saved if _saved is not None else (young, older, oldest)
-            gc.set_threshold(max(young, wanted), max(base[1], OLDER_GENERATIONS_THRESHOLD), base[2])
+            gc.set_threshold(max(young, wanted), older, oldest)
         _depth += 1
     try:
         yield
