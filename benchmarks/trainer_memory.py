@@ -9,9 +9,11 @@ step is measured (the first creates AdamW's state). Peak memory is the allocator
 CPU, the bytes of live tensor storages counted as every op creates them
 (``bridges.models.tensor_memory``).
 
-The floor of a step at a precision and batch is what that scheme cannot avoid holding at once:
-weights, gradients, fp32 master weights where the weights are half, AdamW's two fp32 moments, the
-layer inputs gradient checkpointing keeps (layers + 1 hidden states), and one chunk of fp32 logits.
+The floor of a step at a precision and batch is what that scheme cannot avoid holding at once
+(``bridges.grpo.step_memory.step_floor_bytes``, which the trainer also uses to size what engines beside
+it leave free): weights, gradients, fp32 master weights where the weights are half, AdamW's two fp32
+moments, the layer inputs gradient checkpointing keeps (layers + 1 hidden states) and the layer being
+recomputed, and one chunk of fp32 logits.
 Then the logprob step alone (the vocabulary projection, log-softmax and gather at the loss positions,
 forward and backward, beside the head's weight and gradient), with the full logits and chunked. The last line is ``key=value`` pairs; goals: ``worst_floor_ratio``
 ≤ 1.3 and ``logprob_chunked_ratio`` (chunked / full) ≤ 1/8.
@@ -51,6 +53,7 @@ def state_of(ctx: Any) -> list[Any]:
 def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -> dict[str, float]:
     """Peak bytes of the second optimizer step, the floor for that scheme and batch, trained parameters."""
     from bridges.grpo.parallel import World
+    from bridges.grpo.step_memory import step_floor_bytes
     from bridges.grpo.trainer import build_step_context, train_step
     from bridges.models.hardware import placement
     from bridges.runs.config import parse_config
@@ -66,15 +69,11 @@ def measure_step(model: str, dtype: str, lora: bool, args: argparse.Namespace) -
     train_step(ctx, samples)  # AdamW's state exists from here on
     peak = peak_bytes(lambda: train_step(ctx, samples), state_of(ctx), where.device)
     trained = sum(p.numel() for p in ctx.master.params)
-    weights = sum(p.numel() * p.element_size() for p in ctx.policy.parameters())
-    grads = sum(p.numel() * p.element_size() for p in ctx.policy.parameters() if p.requires_grad)
     masters = sum(m.numel() * 4 for _, _, m in ctx.master.pairs)
-    config_ = ctx.policy.config
-    layers, hidden = config_.num_hidden_layers, config_.hidden_size
     compute_bytes = torch.tensor([], dtype=where.dtype).element_size()
-    activations = (layers + 1) * args.batch * args.seq * hidden * compute_bytes
-    logits_chunk = min(args.chunk, args.batch * args.seq // 2) * config_.vocab_size * 4
-    floor = weights + grads + masters + 8 * trained + activations + logits_chunk
+    floor = step_floor_bytes(ctx.policy, ctx.master.params, masters, tokens=args.batch * args.seq,
+                             loss_tokens=args.batch * args.seq // 2, chunk_tokens=args.chunk,
+                             compute_bytes=compute_bytes, stride=1)  # gradient_checkpointing=true
     return {"peak": peak, "floor": floor, "trained": trained}
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from bridges.adapters.hf.sampling import BatchSampler
+from bridges.adapters.hf.sampling import BatchSampler, step_counter
 from bridges.envs.types import FinishReason, SamplingParams
 
 
@@ -105,7 +105,7 @@ def _prefill(
     return out.logits[:, -1, :].float(), out[cache_keyword()], attention_mask, next_position
 
 
-def _finished(tokenizer: Any, row: RowRequest, result: RowResult, token: int, window: int) -> bool:
+def finished(tokenizer: Any, row: RowRequest, result: RowResult, token: int, window: int) -> bool:
     """Whether the row ends with ``token`` just appended (setting its finish reason and stop string)."""
     if token in row.stop_token_ids:
         result.finish_reason = "stop"
@@ -144,8 +144,10 @@ def generate_batch(
     active = list(range(len(rows)))  # batch position -> row index
     alive = [True] * len(rows)  # per batch position: still generating
     n_alive = len(rows)
+    step = 0
     while True:
-        tokens, logprobs, logp = sampler.sample(logits)
+        tokens, logprobs, logp = sampler.sample(logits, step_counter(step))
+        step += 1
         token_list, logprob_list = tokens.tolist(), logprobs.tolist()
         top_ids, top_values = sampler.top(logp, max_top) if max_top else ([], [])
         for pos, row_index in enumerate(active):
@@ -156,7 +158,7 @@ def generate_batch(
                 if result.top_logprobs is not None:
                     k = top_k[row_index]
                     result.top_logprobs.append(list(zip(top_ids[pos][:k], top_values[pos][:k], strict=True)))
-                if _finished(tokenizer, rows[row_index], result, token, stop_windows[row_index]):
+                if finished(tokenizer, rows[row_index], result, token, stop_windows[row_index]):
                     alive[pos], n_alive = False, n_alive - 1
                 elif rows[row_index].abandoned.is_set():
                     result.finish_reason, alive[pos], n_alive = "abort", False, n_alive - 1

@@ -12,12 +12,16 @@ Why it is built this way:
 - Every batch holds ``weight_lock`` from start to end, and weight updates take the same lock, so
   no batch samples from half-updated weights and each ``Sample.weight_version`` is exactly the
   version its tokens were drawn under.
+- Two decode paths, the same samples: the eager loop (``decode.py``: a growing cache, the CPU's
+  default) and fixed shapes (``static_decode.py``: row buckets, a static cache, sampling on the device;
+  on CUDA each step a replayed CUDA graph, the default there). ``static_cache``/``cuda_graphs`` choose.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import weakref
 from collections import deque
@@ -27,6 +31,8 @@ from typing import Any
 from bridges.envs.types import MAX_TOP_LOGPROBS, Sample, SamplingParams
 from bridges.models.hardware import bound
 from bridges.runtime.errors import BridgesError, EngineError, PromptTooLongError
+
+logger = logging.getLogger(__name__)
 
 
 class InvalidRequestError(BridgesError, ValueError):
@@ -84,6 +90,8 @@ class HFEngine:
         device: str | Any = "cpu",  # a torch device (from_pretrained resolves "auto" first)
         max_model_len: int | None = None,
         name: str = "hf",
+        static_cache: bool | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         import torch
 
@@ -113,6 +121,10 @@ class HFEngine:
         )
         self._queues_lock = threading.Lock()
         self._closed = False
+        on_cuda = self.device.type == "cuda"
+        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs) and on_cuda
+        self.static_cache = (on_cuda or self.cuda_graphs) if static_cache is None else bool(static_cache)
+        self._static: Any = None  # static_decode.StaticDecoder, made at the first batch it serves
 
     @classmethod
     def from_pretrained(
@@ -248,18 +260,10 @@ class HFEngine:
         return batch
 
     def _run_batch(self, rows: list[Any]) -> tuple[list[Any], int]:
-        from bridges.adapters.hf.decode import generate_batch
-
         with self.weight_lock:
             version = self.weight_version
-            results = generate_batch(
-                self.model,
-                self.tokenizer,
-                rows,
-                pad_token_id=self._pad_id,
-                device=self.device,
-                logits_to_keep=self._logits_to_keep,
-            )
+            static = self._static_decoder() if not any(r.params.top_logprobs for r in rows) else None
+            results = static.generate(rows) if static is not None else self._loop(rows)
             stats = self.stats
             stats.batches += 1
             stats.rows += len(rows)
@@ -267,6 +271,30 @@ class HFEngine:
             stats.prompt_tokens += sum(len(r.prompt_ids) for r in rows)
             stats.tokens += sum(len(r.token_ids) for r in results)
         return results, version
+
+    def _loop(self, rows: list[Any]) -> list[Any]:
+        from bridges.adapters.hf.decode import generate_batch
+
+        return generate_batch(self.model, self.tokenizer, rows, pad_token_id=self._pad_id, device=self.device,
+                              logits_to_keep=self._logits_to_keep)
+
+    def _static_decoder(self) -> Any:
+        """The fixed-shape decoder when this engine uses it and the model passes its probe (under
+        ``weight_lock``); None sends batches to the eager loop, and says why once."""
+        if not self.static_cache:
+            return None
+        if self._static is None:
+            from bridges.adapters.hf.static_decode import StaticDecoder, probe, supported
+
+            why = supported(self.model)
+            self._static = StaticDecoder(self.model, self.tokenizer, max_rows=self.max_batch_size,
+                                         pad_token_id=self._pad_id, device=self.device, cuda_graphs=self.cuda_graphs)
+            if why is None:
+                why = probe(self._static, self._loop)
+            if why is not None:
+                logger.warning("engine '%s' decodes with the eager loop: %s.", self.name, why)
+                self._static.verified = False
+        return self._static if self._static.verified is not False else None
 
     # ----------------------------------------------------------------------------------------------
     # weights
@@ -346,7 +374,8 @@ class HFEngine:
     def __repr__(self) -> str:
         return (
             f"HFEngine(name={self.name!r}, device={self.device}, max_model_len={self.max_model_len}, "
-            f"max_batch_size={self.max_batch_size}, weight_version={self.weight_version})"
+            f"max_batch_size={self.max_batch_size}, static_cache={self.static_cache}, "
+            f"cuda_graphs={self.cuda_graphs}, weight_version={self.weight_version})"
         )
 
 

@@ -88,14 +88,15 @@ class PagedEngine(HFEngine):
         reserve_bytes: int = 0,
         cuda_graphs: bool | None = None,
     ) -> None:
+        # the manager runs the steps (CUDA graphs there when cuda_graphs, default on CUDA); HFEngine's own
+        # decode serves only top_logprobs requests, in its eager loop
         super().__init__(model, tokenizer, max_batch_size=max_batch_size, device=device,
-                         max_model_len=max_model_len, name=name)
+                         max_model_len=max_model_len, name=name, static_cache=False, cuda_graphs=cuda_graphs)
         if cache_tokens is not None and cache_tokens < 1:
             raise InvalidRequestError(f"cache_tokens must be at least 1, got {cache_tokens}.")
         self.cache_tokens = cache_tokens
         self.block_size = block_size
         self.reserve_bytes = reserve_bytes  # what the trainer will still allocate on this GPU
-        self.cuda_graphs = cuda_graphs  # None: transformers decides (off with sdpa, which needs a mask)
         # a failed step reaches each caller as one EngineError sentence; transformers would also log
         # the traceback of its generation thread on every failure
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)

@@ -55,7 +55,7 @@ def _cache_config(engine: Any) -> Any:
     options: dict[str, Any] = {"return_logprobs": True, "per_request_processors": True}
     if engine.block_size is not None:
         options["block_size"] = engine.block_size
-    if engine.cuda_graphs is not None:
+    if engine.device.type == "cuda":  # asked for: transformers would leave them off under paged|sdpa
         options["use_cuda_graph"] = engine.cuda_graphs
     if engine.device.type == "cpu":
         block = engine.block_size or CPU_BLOCK_SIZE

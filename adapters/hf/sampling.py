@@ -7,9 +7,14 @@ only restrict which ids may be drawn; renormalising over the kept ids would repo
 trainer recomputes (TRL, verl and vLLM's ``processed_logprobs`` all use the temperature-scaled
 full softmax), so it would bias the ratio on every step.
 
-Why Gumbel-max (``argmax(logp - log E)`` with ``E ~ Exp(1)``) instead of ``torch.multinomial``: the
-noise for a seeded row can come from that row's own ``torch.Generator`` while the argmax stays one
-batched op, so a seeded request draws the same tokens whatever else shares its batch.
+Why one counter-based uniform per row (inverse-CDF sampling) instead of a ``torch.Generator`` per
+row: the number a row draws at its k-th token is a hash of (the row's seed, k), computed for every
+row at once by a few integer ops on a [rows] tensor. A seeded request therefore draws the same
+tokens whatever else shares its batch (as with a generator per row), but the step launches the
+same few kernels for 1 or 256 rows, keeps no state the host must advance, and can run inside a
+captured CUDA graph (``static_decode.py``), where the counter is a device tensor advanced in place.
+Rows without a seed take one from torch's global RNG when the batch starts, so
+``torch.manual_seed`` still makes a whole run repeat.
 """
 
 from __future__ import annotations
@@ -21,19 +26,75 @@ import torch
 from bridges.envs.types import SamplingParams
 
 _MASK64 = (1 << 63) - 1
+_WORD = (1 << 64) - 1
+_SEED_SPAN = (1 << 63) - 1  # row seeds are non-negative int64
+
+
+def signed64(value: int) -> int:
+    """``value`` modulo 2**64 as the int64 torch stores (its bits read as two's complement)."""
+    value &= _WORD
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = signed64(0x9E3779B97F4A7C15)  # the counter advances by this per token (splitmix64's increment)
+_MIX1 = signed64(0xBF58476D1CE4E5B9)
+_MIX2 = signed64(0x94D049BB133111EB)
+
+
+def step_counter(step: int) -> int:
+    """The counter of a row's ``step``-th sampled token (0 = the first); the next step's is this plus
+    ``COUNTER_STRIDE``, so a device tensor can advance it in place (int64 addition wraps)."""
+    return signed64((step + 1) * 0x9E3779B97F4A7C15)
+
+
+COUNTER_STRIDE = _GOLDEN
+
+
+def _logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x >> bits`` on the 64 bits as unsigned (torch shifts int64 arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seeds_B: torch.Tensor, counter: int | torch.Tensor) -> torch.Tensor:
+    """One float32 in [0, 1) per row: splitmix64's output function of ``seed + counter``, top 24 bits.
+    Integer ops on [rows] only (int64 multiplication wraps, as the hash needs), no host state."""
+    x = seeds_B + counter
+    x = x ^ _logical_shift(x, 30)
+    x = x * _MIX1
+    x = x ^ _logical_shift(x, 27)
+    x = x * _MIX2
+    x = x ^ _logical_shift(x, 31)
+    return _logical_shift(x, 40).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def uniform_reference(seed: int, step: int) -> float:
+    """``uniforms`` for one row in plain Python integers (the tests hold the tensor version to it)."""
+    x = (seed + step_counter(step)) & _WORD
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _WORD
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _WORD
+    x ^= x >> 31
+    return (x >> 40) / (1 << 24)
 
 
 def row_seed(seed: int, index: int) -> int:
-    """A generator seed for sample ``index`` of a request seeded with ``seed`` (distinct per sample,
-    identical across runs: Python's int hashing is not randomised, but this avoids relying on it)."""
+    """The seed of sample ``index`` of a request seeded with ``seed`` (distinct per sample, identical
+    across runs: Python's int hashing is not randomised, but this avoids relying on it)."""
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
 
 
-class BatchSampler:
-    """Per-batch sampling state (temperatures, top-k/p, per-row generators), built once per batch.
+def drawn_seeds(seeds: Sequence[int | None]) -> list[int]:
+    """Each row's seed, a row without one taking a number from torch's global RNG (one draw per batch)."""
+    missing = sum(s is None for s in seeds)
+    drawn = iter(torch.randint(0, _SEED_SPAN, (missing,), dtype=torch.long, device="cpu").tolist() if missing else [])
+    return [next(drawn) if s is None else s for s in seeds]
 
-    ``keep(indices)`` drops finished rows when the decode loop compacts its batch.
-    """
+
+class BatchSampler:
+    """Per-batch sampling state: one tensor per parameter over the rows, plus host flags saying which
+    filters run at all (they decide the ops launched, so they are fixed for a batch and key a captured
+    graph). Built once per batch; ``keep(indices)`` drops finished rows when the decode loop compacts."""
 
     def __init__(
         self,
@@ -42,52 +103,76 @@ class BatchSampler:
         vocab_size: int,
         device: torch.device,
     ) -> None:
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
-        self.greedy = temps == 0
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
-        self.inv_temp = (1.0 / torch.where(self.greedy, torch.ones_like(temps), temps)).unsqueeze(1)
+        temps = [float(p.temperature) for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        self.vocab_size = vocab_size
+        self.greedy = torch.tensor([t == 0 for t in temps], dtype=torch.bool, device=device)
+        self.inv_temp = torch.tensor([1.0 / t if t else 1.0 for t in temps], dtype=torch.float32,
+                                     device=device).unsqueeze(1)
         self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
-        self.use_top_k = any(k < vocab_size for k in top_k)
         self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
-        self.use_top_p = any(p.top_p < 1.0 for p in params)
-        self.generators: list[torch.Generator | None] = []
-        for s in seeds:
-            if s is None:
-                self.generators.append(None)
-            else:
-                gen = torch.Generator(device=device)
-                gen.manual_seed(s)
-                self.generators.append(gen)
-        self._index_lists()
+        self.seeds = torch.tensor(drawn_seeds(seeds), dtype=torch.long, device=device)
+        self._set_flags(temps, top_k, [p.top_p for p in params])
 
-    def _index_lists(self) -> None:
-        self._seeded = [i for i, g in enumerate(self.generators) if g is not None]
-        self._any_unseeded = len(self._seeded) < len(self.generators)
+    def _set_flags(self, temps: list[float], top_k: list[int], top_p: list[float]) -> None:
+        self._temps, self._top_k_list, self._top_p_list = temps, top_k, top_p
+        self.all_greedy = all(t == 0 for t in temps)
+        self.any_greedy = any(t == 0 for t in temps)
+        self.use_top_k = any(k < self.vocab_size for k in top_k)
+        self.use_top_p = any(p < 1.0 for p in top_p)
+
+    @property
+    def kind(self) -> tuple[bool, bool, bool, bool]:
+        """Which ops ``sample`` launches: a captured graph is valid only for the same kind."""
+        return self.all_greedy, self.any_greedy, self.use_top_k, self.use_top_p
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The per-row tensors by name (the static decoder copies them into its own buffers)."""
+        return {"greedy": self.greedy, "inv_temp": self.inv_temp, "top_k": self.top_k, "top_p": self.top_p,
+                "seeds": self.seeds}
+
+    def bind(self, tensors: dict[str, torch.Tensor]) -> BatchSampler:
+        """A sampler of the same kind over other tensors of the same meaning (a decoder's buffers, or
+        views of their first rows)."""
+        bound = object.__new__(BatchSampler)
+        bound.vocab_size = self.vocab_size
+        for name, tensor in tensors.items():
+            setattr(bound, name, tensor)
+        bound._temps, bound._top_k_list, bound._top_p_list = self._temps, self._top_k_list, self._top_p_list
+        bound.all_greedy, bound.any_greedy = self.all_greedy, self.any_greedy
+        bound.use_top_k, bound.use_top_p = self.use_top_k, self.use_top_p
+        return bound
 
     def keep(self, indices: torch.Tensor, index_list: list[int]) -> None:
         """Keep only these rows (a tensor and the same indices as a list)."""
-        self.greedy = self.greedy[indices]
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
-        self.inv_temp = self.inv_temp[indices]
-        self.top_k = self.top_k[indices]
-        self.top_p = self.top_p[indices]
-        self.generators = [self.generators[i] for i in index_list]
-        self._index_lists()
+        for name, tensor in self.tensors().items():
+            setattr(self, name, tensor[indices])
+        self._set_flags([self._temps[i] for i in index_list], [self._top_k_list[i] for i in index_list],
+                        [self._top_p_list[i] for i in index_list])
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``logits`` [rows, vocab] (float32) -> (token ids [rows], their logprobs [rows], the
-        temperature-scaled log-distribution [rows, vocab] they were drawn from)."""
+    def sample(
+        self, logits: torch.Tensor, counter: int | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``logits`` [rows, vocab] (float32) and the step's ``counter`` (``step_counter``) -> (token ids
+        [rows], their logprobs [rows], the temperature-scaled log-distribution [rows, vocab] they were
+        drawn from). No host synchronisation: every branch is decided by the host flags."""
         logp = torch.log_softmax(logits * self.inv_temp, dim=-1)
         if self.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:
-            tokens = (self._filter(logp) - self._log_exponential_noise(logp)).argmax(dim=-1)
+            tokens = self._draw(self._filter(logp), counter)
             if self.any_greedy:
                 tokens = torch.where(self.greedy, logits.argmax(dim=-1), tokens)
         return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logp
+
+    def _draw(self, logp: torch.Tensor, counter: int | torch.Tensor) -> torch.Tensor:
+        """Inverse-CDF sampling: the first id whose cumulative probability exceeds u x total. The target
+        stays below the total (``nextafter``), so a rounding can never pick a zero-probability id."""
+        cdf = logp.exp().cumsum_(dim=-1)
+        total = cdf[:, -1:]
+        target = torch.minimum(uniforms(self.seeds, counter).unsqueeze(1) * total,
+                               torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logp.shape[-1] - 1)
 
     @staticmethod
     def top(logp: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -111,11 +196,3 @@ class BatchSampler:
             remove |= mass_before > self.top_p  # the first id always stays: mass_before is 0 there
         mask = torch.zeros_like(remove).scatter_(1, order, remove)
         return logp.masked_fill(mask, float("-inf"))
-
-    def _log_exponential_noise(self, like: torch.Tensor) -> torch.Tensor:
-        noise = torch.empty_like(like)
-        if self._any_unseeded:
-            noise.exponential_()  # unseeded rows follow torch's global RNG (torch.manual_seed applies)
-        for i in self._seeded:
-            noise[i].exponential_(generator=self.generators[i])
-        return noise.clamp_(min=1e-20).log_()

@@ -24,7 +24,8 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from bridges.adapters.verl.weight_buckets import (
+from bridges.envs.types import SamplingParams
+from bridges.models.weight_buckets import (
     BucketReceiver,
     BufferHandle,
     TensorSlot,
@@ -32,7 +33,6 @@ from bridges.adapters.verl.weight_buckets import (
     send_buckets,
     visible_cuda_uuids,
 )
-from bridges.envs.types import SamplingParams
 from bridges.runtime.errors import require_extra
 
 if TYPE_CHECKING:

@@ -7,9 +7,11 @@ Checked only on a GPU machine: vLLM needs CUDA, so CPU CI tests the pure convers
   and the logprob of each sampled id come back unchanged (``logprobs=0``). The engine is built with
   ``logprobs_mode="processed_logprobs"`` so logprobs are under the temperature-scaled
   distribution, the one the trainer's importance ratio compares against.
-- Weight sync, two paths: full weights through ``collective_rpc`` into ``WeightSyncExtension``, or,
-  for a LoRA policy, the adapter saved to disk and hot-loaded as a new ``LoRARequest`` id each
-  version (a running request keeps the adapter it started with).
+- Weight sync, two paths: full weights a bucket at a time through one buffer the trainer and vLLM's
+  workers both map (``bridges.models.weight_buckets``: CUDA IPC on a GPU, so no tensor makes a host
+  round trip; ``collective_rpc`` carries only the handle and the tensors' places, to
+  ``WeightSyncExtension``), or, for a LoRA policy, the adapter saved to disk and hot-loaded as a new
+  ``LoRARequest`` id each version (a running request keeps the adapter it started with).
 - A full update is made the way vLLM expects it in flight: no new request enters the engine (our own
   gate: vLLM 0.26 queues requests made during a pause, 0.33 refuses them), ``pause_generation(mode=
   "wait")`` lets the running ones finish under the old weights, the weights load, the prefix cache is
@@ -18,9 +20,14 @@ Checked only on a GPU machine: vLLM needs CUDA, so CPU CI tests the pure convers
   is therefore the version every one of its tokens was sampled under.
 - Outputs come back once, final (``RequestOutputKind.FINAL_ONLY``): the default re-sends the whole
   output at every engine step, quadratic in the length.
-- Memory: ``gpu_memory_utilization`` defaults to what the trainer leaves free on the GPU less what it
-  will still take (``memory_utilization``); ``vllm.enable_sleep_mode=true`` offloads the engine while
-  the trainer steps (``asleep``; woken by the next weight update), for colocated runs that alternate.
+- Memory: ``gpu_memory_utilization`` defaults to what the trainer leaves free on the GPU less what its
+  step will still take (``memory_utilization``; the step's floor for its dtype, strategy and adapter
+  and its activations: ``bridges.grpo.step_memory``). ``vllm.enable_sleep_mode=true`` frees the engine's
+  memory while the trainer steps (``asleep``), for colocated runs that alternate: full weights sleep at
+  level 2 (discarded: the next update overwrites them, so they never make a host round trip), a LoRA
+  engine's base weights at level 1 (kept on the host; only the adapter changes). The next update wakes
+  it in the order that never holds two copies: free the trainer's cached blocks, wake the weights,
+  load, then wake the KV cache (as TRL does).
 The seam's vLLM calls are checked against the recorded APIs of vLLM 0.26 and 0.33
 (``tests/support/vllm_api.json``, ``tests/adapters/test_vllm_releases.py``).
 """
@@ -40,7 +47,6 @@ from bridges.runtime.errors import ConfigError, EngineError, require_extra
 
 GIB = 1024**3
 RESET_TRIES = 5  # prefix-cache resets refused before the update is called failed
-STEP_HEADROOM_BYTES = 2 * GIB  # activations and logits of a training step, beyond its optimizer state
 
 
 def engine_arguments(path: str, lora_rank: int, user: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +114,7 @@ class VLLMEngine:
     """An ``Engine`` over ``vllm.v1.engine.async_llm.AsyncLLM`` (GPU)."""
 
     name = "vllm"
+    bucket_bytes = 512 << 20  # the shared buffer a full update is packed into, a bucket at a time
 
     def __init__(self, llm: Any, tokenizer: Any, *, max_model_len: int, lora: bool = False):
         self.llm = llm
@@ -121,6 +128,7 @@ class VLLMEngine:
         self._open = asyncio.Event()  # cleared while weights change: generate waits at it
         self._open.set()
         self._asleep = False
+        self._weights_discarded = False  # asleep at level 2: only an update may wake the engine
         self._waking = asyncio.Lock()
 
     @classmethod
@@ -148,14 +156,15 @@ class VLLMEngine:
     def for_training(cls, config: Any, where: Any, tokenizer: Any, reserve_bytes: int = 0) -> VLLMEngine:
         """The engine the GRPO trainer samples from, in the dtype the policy computes in (so the first
         importance ratio is 1); extra vLLM options come from ``vllm.*``. ``reserve_bytes``: what the
-        trainer will still allocate (its optimizer state), kept out of vLLM's share of the GPU."""
+        trainer's step will still allocate (``bridges.grpo.step_memory.step_reserve_bytes``), kept out of
+        vLLM's share of the GPU."""
         dtype = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}.get(str(where.dtype), "float32")
         user = dict(config.vllm)
         if "gpu_memory_utilization" not in user and where.device.type == "cuda":
             import torch
 
             free, total = torch.cuda.mem_get_info(where.device)
-            user["gpu_memory_utilization"] = memory_utilization(free, total, reserve_bytes + STEP_HEADROOM_BYTES)
+            user["gpu_memory_utilization"] = memory_utilization(free, total, reserve_bytes)
         return cls.from_pretrained(config.model, lora_rank=config.trainer.lora_rank, **{"dtype": dtype, **user})
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> list[Sample]:
@@ -187,8 +196,8 @@ class VLLMEngine:
         ``version`` numbers the update. Wakes a sleeping engine first."""
         self._open.clear()
         try:
-            await self._wake()
             if self._lora and policy is not None:
+                await self._wake()
                 self._hot_load_adapter(policy)
             else:
                 await self._load_paused(state_dict)
@@ -211,11 +220,26 @@ class VLLMEngine:
         self._lora_request = LoRARequest(f"policy-v{lora_id}", lora_id, str(path))
 
     async def _load_paused(self, state_dict: dict[str, Any]) -> None:
-        """Pause (running requests finish first), load, reset the prefix cache (checked), resume."""
-        named = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+        """Wake the weights alone (asleep), pause (running requests finish first), load a bucket at a time,
+        wake the KV cache, reset the prefix cache (checked), resume."""
+        from bridges.models.weight_buckets import send_buckets
+
+        asleep = self._asleep
+        if asleep:
+            _free_cached_blocks()  # the trainer's step left cached blocks: vLLM's wake must find them free
+            await self.llm.wake_up(tags=["weights"])
         await self.llm.pause_generation(mode="wait")
         try:
-            await self.llm.collective_rpc("update_weights_from_state", args=(named,))
+            async def deliver(handle: Any, slots: list[Any]) -> None:
+                await self.llm.collective_rpc("load_weight_bucket", args=(handle, slots))
+
+            try:
+                await send_buckets(state_dict.items(), deliver, self.bucket_bytes)
+            finally:
+                await self.llm.collective_rpc("close_weight_buffer")
+            if asleep:
+                await self.llm.wake_up(tags=["kv_cache"])
+                self._asleep = self._weights_discarded = False
             for attempt in range(RESET_TRIES):
                 if await self.llm.reset_prefix_cache():
                     return
@@ -230,20 +254,39 @@ class VLLMEngine:
     async def _wake(self) -> None:
         async with self._waking:  # concurrent requests wake it once
             if self._asleep:
+                if self._weights_discarded:
+                    raise EngineError(
+                        "the vLLM engine slept at level 2 (its weights discarded) and was asked to generate "
+                        "before new weights were loaded; the trainer pushes weights after every offload."
+                    )
+                _free_cached_blocks()
                 await self.llm.wake_up()
                 self._asleep = False
 
-    async def asleep(self) -> None:
-        """Offload the engine (vLLM's sleep mode, level 1: weights to host memory, KV cache freed) while
-        the trainer steps; the next ``aupdate_weights`` wakes it. Needs ``vllm.enable_sleep_mode=true``."""
+    async def asleep(self) -> bool:
+        """Free the engine's GPU memory while the trainer steps (needs ``vllm.enable_sleep_mode=true``):
+        level 2 for full weights (discarded, the next update overwrites them), level 1 for a LoRA engine
+        (base weights to host memory). True when the weights were discarded, so the caller must push
+        weights before the next rollout, stepped or not."""
         if not self._asleep:
-            await self.llm.sleep(level=1)
-            self._asleep = True
+            level = 1 if self._lora else 2
+            await self.llm.sleep(level=level)
+            self._asleep, self._weights_discarded = True, level == 2
+        return self._weights_discarded
 
     async def aclose(self) -> None:
         self.llm.shutdown()
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
+
+
+def _free_cached_blocks() -> None:
+    """Hand the trainer's cached but unused allocator blocks back to the driver, so the memory vLLM's
+    wake-up asks for is free for real (the caching allocator would otherwise keep it for the trainer)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def memory_utilization(free_bytes: int, total_bytes: int, reserve_bytes: int) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from bridges.envs.types import TrainableEngine
+from bridges.grpo.engine_shape import BatchShape, engine_rows, memory_budget
 from bridges.models.fused import apply_kernels
 from bridges.models.hardware import Placement, load_causal_lm
 from bridges.models.recompute import apply_recompute, recompute_stride
@@ -53,12 +54,14 @@ def load_policy(
 
 
 def make_engine(
-    config: TrainConfig, where: Placement, tokenizer: Any, processes: int = 1, reserve_bytes: int = 0
+    config: TrainConfig, where: Placement, tokenizer: Any, shape: BatchShape, processes: int = 1,
+    reserve_bytes: int = 0,
 ) -> Any:
     """The generation engine behind the client (``auto_engine`` says which for ``engine=auto``). Its
     weights start as the checkpoint's; the trainer pushes the policy's before the first
-    rollout. ``reserve_bytes``: what the trainer will still allocate on the GPU (the vLLM and paged
-    caches leave it out)."""
+    rollout. ``shape``: the rows and tokens this process asks for at once (``engine_shape``), which size
+    the engine's batches and the paged engine's cache. ``reserve_bytes``: what the trainer will still
+    allocate on the GPU (the vLLM and paged caches leave it out)."""
     choice = config.engine
     if choice == "auto":
         choice = auto_engine(where.device.type == "cuda", processes)
@@ -67,9 +70,14 @@ def make_engine(
     # its own copy of the weights: training changes the policy in another thread while the engine
     # samples the next batch, and a batch must never see half-updated weights
     engine_model, _ = load_policy(config, where, for_sampling=True)
-    options = {"reserve_bytes": reserve_bytes} if choice == "paged" else {}
-    return engine_class(choice)(engine_model, tokenizer, device=where.device,
-                                max_batch_size=max(64, config.trainer.group_size), **options)
+    dtype_bytes = where.dtype.itemsize
+    rows = engine_rows(shape, engine_model.config, dtype_bytes, memory_budget(where.device, reserve_bytes),
+                       config.trainer.group_size)
+    options: dict[str, Any] = {"cuda_graphs": config.trainer.cuda_graphs}
+    if choice == "paged":
+        options.update(reserve_bytes=reserve_bytes,
+                       cache_tokens=rows * shape.tokens_per_row if where.device.type == "cuda" else None)
+    return engine_class(choice)(engine_model, tokenizer, device=where.device, max_batch_size=rows, **options)
 
 
 def auto_engine(on_gpu: bool, processes: int) -> str:

@@ -139,8 +139,9 @@ class ProcessRollouts:
         self._conn.send(("weights",))
         self.weight_version += 1
 
-    async def offload(self) -> None:
+    async def offload(self) -> bool:
         """Nothing to free: this engine's memory is not the trainer's."""
+        return False
 
     async def aclose(self) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):

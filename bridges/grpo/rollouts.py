@@ -35,9 +35,10 @@ class Rollouts(Protocol):
         version increments."""
         ...
 
-    async def offload(self) -> None:
+    async def offload(self) -> bool:
         """The trainer is about to step: free the engine's accelerator memory if it was asked to
-        (vLLM's sleep mode); the next ``update_weights`` brings it back. Nothing otherwise."""
+        (vLLM's sleep mode); the next ``update_weights`` brings it back. True when the engine let go of
+        its weights, so the trainer must push weights after the step even if it skipped it."""
         ...
 
     async def aclose(self) -> None: ...
@@ -48,7 +49,7 @@ class InProcessRollouts:
 
     def __init__(
         self, engine: TrainableEngine, env: Any, group_size: int, model: str, advantage: AdvantageMethod,
-        offload: Callable[[], Awaitable[None]] | None = None,
+        offload: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         from bridges.client import EngineClient
 
@@ -73,9 +74,8 @@ class InProcessRollouts:
     async def update_weights(self, state: dict[str, torch.Tensor], policy: torch.nn.Module) -> None:
         await sync_weights(self.engine, state, policy)
 
-    async def offload(self) -> None:
-        if self._offload is not None:
-            await self._offload()
+    async def offload(self) -> bool:
+        return bool(await self._offload()) if self._offload is not None else False
 
     async def aclose(self) -> None:
         await self.engine.aclose()

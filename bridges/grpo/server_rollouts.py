@@ -123,8 +123,9 @@ class ServerRollouts:
         if not self.pool.pusher:
             await self.pool.follow(version)
 
-    async def offload(self) -> None:
+    async def offload(self) -> bool:
         """Nothing to free: this engine's memory is not the trainer's."""
+        return False
 
     async def aclose(self) -> None:
         for server in self.pool.servers:

@@ -67,6 +67,7 @@ import torch
 
 from bridges.grpo.batching import collate, pack_micro_batches, padding_sample
 from bridges.grpo.checkpoint import resume_latest_intact, save_checkpoint
+from bridges.grpo.engine_shape import batch_shape
 from bridges.grpo.loss import LossConfig, LossOutput, policy_loss, sequence_logprobs
 from bridges.grpo.parallel import (
     World,
@@ -86,6 +87,7 @@ from bridges.grpo.parallel import stop as stop_processes
 from bridges.grpo.policy import load_policy, make_engine, trainable_names
 from bridges.grpo.precision import DynamicLossScale, MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
+from bridges.grpo.step_memory import step_reserve_bytes
 from bridges.models.hardware import Placement, bound, memory_metrics, placement
 from bridges.models.token_logprobs import chunked_matches_plain
 from bridges.runs.backends import Backend
@@ -390,10 +392,11 @@ async def _rollouts(run: _Prepared) -> Rollouts:
         from bridges.grpo.rollout_process import ProcessRollouts
 
         return ProcessRollouts(config, run.where)
-    optimizer_state_bytes = 8 * sum(
-        p.numel() for p in run.ctx.master.params
-    )  # AdamW's moments, made at step 1
-    engine = make_engine(config, run.where, run.tokenizer, run.ctx.world.size, optimizer_state_bytes)
+    processes = run.ctx.world.size
+    shape = batch_shape(config, run.env, run.tokenizer, processes)
+    # what the step will still allocate (gradients, AdamW's moments, activations): engines leave it free
+    reserve = step_reserve_bytes(run.ctx, config, run.where.dtype, shape.tokens_per_row, processes)
+    engine = make_engine(config, run.where, run.tokenizer, shape, processes, reserve)
     sleeps = bool(config.vllm.get("enable_sleep_mode"))  # validate(): only with engine=vllm, nothing ahead
     return InProcessRollouts(engine, run.env, config.trainer.group_size, config.model,
                              advantage_method(config.trainer.loss), offload=engine.asleep if sleeps else None)
@@ -429,11 +432,12 @@ class _Learner:
         await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
-        await self.rollouts.offload()  # vllm.enable_sleep_mode: the engine's memory is the step's
+        # vllm.enable_sleep_mode: the engine's memory is the step's (its weights discarded: pushed back below)
+        offloaded = await self.rollouts.offload()
         result: dict[str, Any] = await asyncio.to_thread(
             bound(self.run.where.device, train_step), self.run.ctx, samples
         )
-        if result.get("optimizer/stepped"):
+        if result.get("optimizer/stepped") or offloaded:
             await self.push_weights()
         return {
             **result,

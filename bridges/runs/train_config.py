@@ -120,6 +120,10 @@ class TrainerConfig:
         "off", help="recompute activations in the backward pass, less memory for more time: off, full (every "
         "decoder layer) or every:K (every K-th layer); true/false mean full/off (benchmarks/recompute.py)",
     )
+    cuda_graphs: bool | None = option(
+        None, help="engines on CUDA (hf, paged): decode steps replayed as CUDA graphs; null: on (hf: fixed "
+        "shapes in row buckets, adapters/hf/static_decode.py); no effect on a CPU",
+    )
     logprob_chunk_tokens: int = option(
         256,
         ge=1,

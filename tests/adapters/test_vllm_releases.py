@@ -71,7 +71,7 @@ async def test_updates_in_flight_keep_every_samples_version_exact(release: str, 
     assert all(start == end for start, end in llm.spans), llm.spans
     versions_by_span = sorted(start for start, _ in llm.spans)
     assert sorted({s.weight_version for s in samples}) == sorted(set(versions_by_span))
-    assert llm.calls == ["pause:wait", "load", "reset", "resume"] * 3
+    assert llm.calls == ["pause:wait", "load", "close", "reset", "resume"] * 3
     assert all(r["output_kind"].name == "FINAL_ONLY" for r in llm.requests)
 
 
@@ -81,7 +81,7 @@ async def test_a_refused_prefix_cache_reset_is_never_ignored(release: str, hf: A
 
     engine, llm = engine_on(release, hf, monkeypatch, refuse_resets=2)
     await engine.aupdate_weights(dict(hf.model.state_dict()))  # refused twice, then reset: the update lands
-    assert llm.calls == ["pause:wait", "load", "reset:refused", "reset:refused", "reset", "resume"]
+    assert llm.calls == ["pause:wait", "load", "close", "reset:refused", "reset:refused", "reset", "resume"]
     llm.refuse_resets, llm.calls = 100, []
     with pytest.raises(EngineError, match="^vLLM refused to reset its prefix cache 5 times after a weight update"):
         await engine.aupdate_weights(dict(hf.model.state_dict()))
@@ -94,20 +94,55 @@ async def test_a_refused_prefix_cache_reset_is_never_ignored(release: str, hf: A
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
-async def test_sleep_mode_offloads_until_the_next_update(release: str, hf: Any, monkeypatch: pytest.MonkeyPatch):
+async def test_sleep_mode_discards_full_weights_and_wakes_them_before_the_cache(release: str, hf: Any,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    from bridges.runtime.errors import EngineError
+
     engine, llm = engine_on(release, hf, monkeypatch)
-    await engine.asleep()
-    await engine.asleep()  # once asleep, asleep again does nothing
-    assert llm.asleep and llm.calls == ["sleep"]
+    assert await engine.asleep() and await engine.asleep()  # discarded: the trainer must push; twice is once
+    assert llm.asleep and llm.calls == ["sleep:2"]
+    with pytest.raises(EngineError, match="slept at level 2 .* asked to generate before new weights were loaded"):
+        await engine.generate([5, 6], SamplingParams(max_tokens=3))
     await engine.aupdate_weights(dict(hf.model.state_dict()))
-    assert not llm.asleep and llm.calls == ["sleep", "wake", "pause:wait", "load", "reset", "resume"]
+    # the weights alone come back and are loaded before the KV cache is woken: never two copies at once
+    assert llm.calls == ["sleep:2", "wake:weights", "pause:wait", "load", "close", "wake:kv_cache", "reset", "resume"]
+    assert not llm.asleep
     [sample] = await engine.generate([5, 6], SamplingParams(max_tokens=3))
     assert sample.weight_version == 1
-    # a step that was skipped pushes nothing: the next requests wake the engine themselves, once
-    await engine.asleep()
-    llm.calls = []
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+async def test_a_lora_engine_sleeps_at_level_one_and_wakes_once_for_many_requests(release: str, hf: Any,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    from bridges.adapters.vllm import VLLMEngine
+
+    vllm_standin.install_release(monkeypatch, RELEASES[release])
+    llm = vllm_standin.ReleaseAsyncLLM(hf, RELEASES[release])
+    engine = VLLMEngine(llm, hf.tokenizer, max_model_len=hf.max_model_len, lora=True)
+    assert await engine.asleep() is False  # base weights kept on the host: a skipped step needs no push
+    assert llm.calls == ["sleep:1"]
     results = await asyncio.gather(*(engine.generate([5, 6], SamplingParams(max_tokens=3)) for _ in range(4)))
-    assert llm.calls == ["wake"] and not llm.asleep and {s.weight_version for [s] in results} == {1}
+    assert llm.calls == ["sleep:1", "wake"] and not llm.asleep and {s.weight_version for [s] in results} == {0}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+async def test_full_weights_reach_the_worker_through_the_shared_buffer_not_the_pipe(
+        release: str, hf: Any, monkeypatch: pytest.MonkeyPatch):
+    engine, llm = engine_on(release, hf, monkeypatch)
+    sent: list[Any] = []
+    real_rpc = vllm_standin.HFAsyncLLM.collective_rpc
+
+    async def recording(self: Any, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        sent.append(args)
+        return await real_rpc(self, method, args)
+    monkeypatch.setattr(vllm_standin.HFAsyncLLM, "collective_rpc", recording)
+    engine.bucket_bytes = 4096  # several buckets for the tiny model
+    new = {k: v + 0.25 for k, v in hf.model.state_dict().items()}
+    await engine.aupdate_weights(new)
+    assert all(torch.equal(hf.model.state_dict()[k], v) for k, v in new.items())  # every tensor landed
+    loads = [a for a in sent if a]
+    assert len(loads) > 1 and not any(isinstance(x, torch.Tensor) for a in loads for x in a)  # handles only
+    assert loads[0][0].shm_name and sum(len(slots) for _, slots in loads) == len(new)
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))
@@ -126,8 +161,8 @@ def test_every_engine_argument_is_a_field_of_the_release(release: str, monkeypat
     VLLMEngine.for_training(config, Placement(torch.device("cuda:0"), torch.bfloat16, "sdpa"), None, 8 * gib)
     fields = set(RELEASES[release]["engine_args"])
     assert set(built[0]) <= fields, set(built[0]) - fields
-    # 60 GiB free of 80, the trainer's 8 GiB of optimizer state and 2 GiB of step headroom kept out
-    assert built[0]["gpu_memory_utilization"] == 0.62 and built[0]["enable_sleep_mode"] is True
+    # 60 GiB free of 80, the 8 GiB the trainer's step will still allocate kept out
+    assert built[0]["gpu_memory_utilization"] == 0.65 and built[0]["enable_sleep_mode"] is True
 
 
 def test_the_memory_share_is_what_the_trainer_leaves_free_or_one_sentence():

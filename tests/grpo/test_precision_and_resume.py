@@ -107,7 +107,7 @@ def test_a_checkpoint_resumes_under_another_number_of_processes_and_refuses_anot
 
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "envs"))  # the processes it starts import the env
 
-    small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=2",
+    small = [f"output_dir={tmp_path}", "progress=false", "trainer.batch_size=2", "trainer.group_size=4",
              "save_every=1", "sampling.max_tokens=4", "trainer.device=cpu", "env=bridges_test_dense_env",
              "run_name=r"]
     assert main([*small, "trainer.max_steps=1"]) == 0

@@ -3,9 +3,9 @@
 vLLM needs a GPU, so what cannot run here is replaced at exactly the seam ``VLLMEngine`` uses, and
 nothing above it: ``AsyncLLM.generate`` (a ``TokensPrompt`` and a ``vllm.SamplingParams`` in, a
 stream of ``RequestOutput``s out, logprobs as ``{token_id: Logprob}`` per position) is answered by
-our transformers engine over the same weights; ``collective_rpc("update_weights_from_state")``
-calls our real ``WeightSyncExtension`` on a worker whose model loads Hugging Face names, as vLLM's
-models do. The request conversion (``sampling_kwargs``) and output conversion
+our transformers engine over the same weights; ``collective_rpc("load_weight_bucket")`` calls our real
+``WeightSyncExtension`` on a worker whose model loads Hugging Face names, as vLLM's models do, reading
+the trainer's shared buffer (shared memory on the CPU, the path CUDA IPC takes on a GPU). The request conversion (``sampling_kwargs``) and output conversion
 (``samples_from_output``) under test are the real ones.
 """
 
@@ -108,6 +108,9 @@ class HFAsyncLLM:
         yield SimpleNamespace(outputs=outputs, finished=True)
 
     async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        import pickle
+
+        args = pickle.loads(pickle.dumps(args))  # what crosses to vLLM's worker processes is pickled
         return [getattr(self.worker, method)(*args)]
 
     async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
@@ -184,6 +187,7 @@ class ReleaseAsyncLLM(HFAsyncLLM):
         self.record, self.hold_s, self.refuse_resets = record, hold_s, refuse_resets
         self.running = 0
         self.paused = self.asleep = False
+        self.awake_tags: set[str] = set()
         self.updates = 0  # weight loads so far
         self.spans: list[tuple[int, int]] = []
         self.calls: list[str] = []
@@ -225,9 +229,10 @@ class ReleaseAsyncLLM(HFAsyncLLM):
 
     async def collective_rpc(self, *args: Any, **kwargs: Any) -> list[Any]:  # type: ignore[override]
         _checked(self.record, "collective_rpc", args, kwargs)
-        self.calls.append("load")
+        assert not self.asleep or self.awake_tags == {"weights"}, "weights loaded into a sleeping engine"
+        self.calls.append({"load_weight_bucket": "load", "close_weight_buffer": "close"}[args[0]])
         result = await super().collective_rpc(args[0], kwargs.get("args", ()))
-        self.updates += 1
+        self.updates += args[0] == "close_weight_buffer"  # one update: its buckets, then the close
         return result
 
     async def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
@@ -241,13 +246,17 @@ class ReleaseAsyncLLM(HFAsyncLLM):
 
     async def sleep(self, *args: Any, **kwargs: Any) -> None:
         _checked(self.record, "sleep", args, kwargs)
-        self.calls.append("sleep")
-        self.asleep = True
+        level = kwargs.get("level", args[0] if args else 1)
+        self.calls.append(f"sleep:{level}")
+        self.asleep, self.awake_tags = True, set()
 
     async def wake_up(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM wakes the weights, the KV cache, or (no tags) both; the engine is awake once both are."""
         _checked(self.record, "wake_up", args, kwargs)
-        self.calls.append("wake")
-        self.asleep = False
+        tags = kwargs.get("tags", args[0] if args else None)
+        self.calls.append("wake" if tags is None else f"wake:{','.join(tags)}")
+        self.awake_tags |= {"weights", "kv_cache"} if tags is None else set(tags)
+        self.asleep = self.awake_tags != {"weights", "kv_cache"}
         return True if self.record["async_llm"]["wake_up"]["returns"] == "bool" else None
 
     def shutdown(self, *args: Any, **kwargs: Any) -> None:

@@ -1,9 +1,11 @@
-"""Weights from a replica's leader worker to its hf rollout server on the same node, without Ray's object
-store: one shared byte buffer, filled a bucket at a time, read in place by the server.
+"""Weights from a trainer to an engine in another process on the same node, without a host round trip:
+one shared byte buffer, filled a bucket at a time, read in place by the receiver. Used by verl's hf
+rollout (a replica's leader worker to its server) and by the vLLM engine (the trainer to vLLM's workers).
 
-Why: the object-store path copies every tensor from the worker's GPU to host memory, pickles it into Ray,
-and copies it back to the server's GPU each step: two host copies of the whole model per replica per step.
-The server is placed on its leader's node and GPU (``hf_rollout.HFReplica``), so the bytes need not leave
+Why: the object-store path (verl) or a pickled ``collective_rpc`` argument (vLLM) copies every tensor
+from the GPU to host memory, through the pipe, and back to the GPU each step: two host copies of the
+whole model per step (1-3 GB at 0.5-1.5B, through pageable memory). Sender and receiver share a node
+and here a GPU (``hf_rollout.HFReplica``; vLLM's workers beside the trainer), so the bytes need not leave
 the device at all:
 - on a GPU the buffer is CUDA memory shared by an IPC handle (``torch.multiprocessing.reductions``). The
   handle names the device by its index in the sender's view; the server sees the node's GPUs in another

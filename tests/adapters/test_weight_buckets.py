@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bridges.adapters.verl.hf_rollout import HFRolloutServer, push_buckets
-from bridges.adapters.verl.weight_buckets import (
+from bridges.models.weight_buckets import (
     BucketReceiver,
     BufferHandle,
     TensorSlot,
@@ -149,7 +149,7 @@ def test_a_cuda_handle_is_opened_on_the_gpu_with_the_senders_uuid(monkeypatch: p
     GPUs in another order, opens it on the index whose UUID matches (faked at the UUID seam)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    from bridges.adapters.verl import weight_buckets
+    from bridges.models import weight_buckets
 
     assert list(inspect.signature(rebuild_cuda_tensor).parameters)[6] == "storage_device"
     opened: list[Any] = []
