@@ -26,8 +26,9 @@ Included
   vocabulary projection in chunks of ``trainer.logprob_chunk_tokens`` loss positions, recomputed in the
   backward), recomputation of every or every k-th decoder layer (``trainer.gradient_checkpointing``),
   sdpa attention (flash-attention 2 on CUDA when installed), AdamW one tensor at a time.
-- Speed: packed micro-batches without padding (``trainer.micro_batch_tokens``: one row per micro-batch,
-  positions restarting per sequence) and compiled decoder layers (``trainer.kernels=compile``).
+- Speed: packed micro-batches without padding (``trainer.micro_batch_tokens``: one row per micro-batch
+  under varlen flash-attention, else rows as long as the longest sequence; positions restarting per
+  sequence) and compiled decoder layers (``trainer.kernels=compile``).
 - Several processes (``trainer.num_processes=N``, or under torchrun / accelerate launch): each process
   rolls out and trains its share of every step's groups (a group never splits), then only gradients
   (``ddp``: one fp32 all-reduce; ``fsdp``: FSDP2's reduce-scatter) and metrics cross (``parallel.py``).
@@ -89,7 +90,7 @@ from bridges.grpo.precision import DynamicLossScale, MasterWeights, make_optimiz
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
 from bridges.grpo.step_memory import step_reserve_bytes
 from bridges.models.hardware import Placement, bound, memory_metrics, placement
-from bridges.models.token_logprobs import chunked_matches_plain
+from bridges.models.token_logprobs import chunked_matches_plain, varlen_attention
 from bridges.runs.backends import Backend
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
@@ -340,6 +341,12 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         print(
             "note: this model's forward does more to its logits than a linear head (a soft cap, a scale), "
             "so logprobs are computed from its full logits, which needs more memory per batch."
+        )
+    if t.micro_batch_tokens and not varlen_attention(policy) and world.is_main:
+        print(
+            f"note: trainer.micro_batch_tokens packs each micro-batch into rows as long as its longest sequence: "
+            f"attention '{policy.config._attn_implementation}' has no varlen kernel, so one packed row of "
+            f"{t.micro_batch_tokens} tokens would cost its square (flash-attn on CUDA packs one row)."
         )
     policy = shard(policy, world, where.dtype)  # [distributed] fsdp: parameters sharded across processes
     master = MasterWeights(policy)

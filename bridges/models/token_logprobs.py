@@ -45,21 +45,27 @@ def token_logprobs(
     0 elsewhere; float32, shape (B, L). ``chunked=False``: the plain full-logits computation.
     ``fp32_grad(weight)``: an fp32 buffer the head's gradient is added into instead of ``weight.grad``
     (a half weight's master gradient, ``grpo.precision.MasterWeights.fp32_grad``). ``packed``: the model
-    runs the rows' real tokens as one row without padding (``packed_inputs``); the result is the same."""
+    runs the rows' real tokens without padding (``packed_inputs``: one row under varlen attention, else
+    rows as long as the longest sequence); the result is the same."""
     scale = 1.0 / temperature if temperature > 0 and temperature != 1.0 else 1.0
     wanted = wanted_B_L.bool()
     out_B_L = torch.zeros(input_ids_B_L.shape, dtype=torch.float32, device=input_ids_B_L.device)
     real_B_L = attention_mask_B_L.bool()
-    inputs = packed_inputs(input_ids_B_L, real_B_L) if packed else padded_inputs(input_ids_B_L, attention_mask_B_L)
+    order_N = None
+    if packed:
+        row_tokens = None if varlen_attention(model) else int(real_B_L.sum(-1).max())
+        inputs, order_N = packed_inputs(input_ids_B_L, real_B_L, row_tokens)
+    else:
+        inputs = padded_inputs(input_ids_B_L, attention_mask_B_L)
     if not chunked:
         logits = model(**inputs).logits.float() * scale
         logits_B_L_V = logits.new_zeros(*input_ids_B_L.shape, logits.shape[-1]).masked_scatter(
-            real_B_L[..., None], logits[0]) if packed else logits
+            real_B_L[..., None], logits.flatten(0, 1)[order_N]) if order_N is not None else logits
         picked = logits_B_L_V.gather(-1, targets_B_L.unsqueeze(-1)).squeeze(-1) - logits_B_L_V.logsumexp(-1)
         return torch.where(wanted, picked, out_B_L)
     hidden = final_hidden_states(model, inputs)
-    # the packed row holds the real tokens in row-major order, as boolean indexing reads a (B, L) tensor
-    hidden_N_H = hidden[0][wanted[real_B_L]] if packed else hidden[wanted]
+    # order_N lists the packed places of the real tokens in row-major order, as boolean indexing reads (B, L)
+    hidden_N_H = hidden.flatten(0, 1)[order_N][wanted[real_B_L]] if order_N is not None else hidden[wanted]
     targets_N = targets_B_L[wanted]
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.bias is None:  # the usual head: its gradient written in place
@@ -81,14 +87,58 @@ def padded_inputs(input_ids_B_L: torch.Tensor, attention_mask_B_L: torch.Tensor)
             "position_ids": position_ids_B_L, "use_cache": False}
 
 
-def packed_inputs(input_ids_B_L: torch.Tensor, real_B_L: torch.Tensor) -> dict[str, Any]:
-    """The rows' real tokens as ONE row, positions restarting at each row's start, and no attention mask:
-    transformers reads the sequences' bounds from the positions (flash-attention's varlen kernels on
-    CUDA, a block-diagonal mask under sdpa and eager), so no token attends across two sequences and no
-    padding token is computed at all. Each row's real tokens must be one run (right or left padding)."""
-    lengths = real_B_L.sum(-1).tolist()
-    positions = torch.cat([torch.arange(int(n), device=input_ids_B_L.device) for n in lengths if n])
-    return {"input_ids": input_ids_B_L[real_B_L][None], "position_ids": positions[None], "use_cache": False}
+def varlen_attention(model: Any) -> bool:
+    """Whether the model's attention runs packed sequences with varlen kernels (flash-attention), so one
+    row of N tokens costs what its sequences cost apart. Others (sdpa, eager) apply a block-diagonal
+    N x N mask: attention and the mask grow with N squared, whatever the sequences' own lengths."""
+    return str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+
+
+def packed_inputs(
+    input_ids_B_L: torch.Tensor, real_B_L: torch.Tensor, row_tokens: int | None = None
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """The rows' real tokens without padding, positions restarting at each sequence's start, and no
+    attention mask: transformers reads the sequences' bounds from the positions (flash-attention's varlen
+    kernels on CUDA, a block-diagonal mask under sdpa and eager), so no token attends across two sequences.
+    Each row's real tokens must be one run (right or left padding).
+
+    ``row_tokens`` None: ONE row of every real token (for varlen kernels). Else rows of at most that many
+    tokens, the sequences placed longest first into the first row with room, each row's tail padded (its
+    own short sequence, never scored): with ``row_tokens`` the longest sequence, a block-diagonal mask
+    costs at most what padding would (rows x longest^2 <= sequences x longest^2) and the linear layers
+    see no more tokens. Also returns each real token's index in the flattened rows, in (B, L) row-major order."""
+    lengths = [int(n) for n in real_B_L.sum(-1).tolist()]
+    device = input_ids_B_L.device
+    if row_tokens is None:
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths if n])
+        order = torch.arange(positions.numel(), device=device)
+        return {"input_ids": input_ids_B_L[real_B_L][None], "position_ids": positions[None], "use_cache": False}, order
+    rows, starts = _first_fit(lengths, row_tokens)
+    ids_R_K = input_ids_B_L.new_zeros(len(rows), row_tokens)
+    positions_R_K = torch.zeros_like(ids_R_K)
+    tokens = input_ids_B_L[real_B_L].split([n for n in lengths if n])
+    for sequence, (row, start) in zip(tokens, (starts[b] for b, n in enumerate(lengths) if n), strict=True):
+        ids_R_K[row, start : start + len(sequence)] = sequence
+        positions_R_K[row, start : start + len(sequence)] = torch.arange(len(sequence), device=device)
+    for row, used in enumerate(rows):  # the tail: a padding run of its own, positions 0, 1, ...
+        positions_R_K[row, used:] = torch.arange(row_tokens - used, device=device)
+    order = torch.cat([torch.arange(n, device=device) + starts[b][0] * row_tokens + starts[b][1]
+                       for b, n in enumerate(lengths) if n])
+    return {"input_ids": ids_R_K, "position_ids": positions_R_K, "use_cache": False}, order
+
+
+def _first_fit(lengths: list[int], capacity: int) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """Sequences longest first into the first row with room: each row's used tokens, and each sequence's
+    (row, start)."""
+    used: list[int] = []
+    starts: dict[int, tuple[int, int]] = {}
+    for b in sorted((b for b, n in enumerate(lengths) if n), key=lambda b: -lengths[b]):
+        row = next((r for r, u in enumerate(used) if u + lengths[b] <= capacity), len(used))
+        if row == len(used):
+            used.append(0)
+        starts[b] = (row, used[row])
+        used[row] += lengths[b]
+    return used, starts
 
 
 class HeadLogprobs(torch.autograd.Function):

@@ -69,9 +69,9 @@ class TrainerConfig:
         "through torch.compile: fused norms, activations and rotary embedding; the first steps compile)",
     )
     micro_batch_tokens: int = option(
-        0, ge=0, help="pack each micro-batch's sequences into one row without padding, up to this many tokens "
-        "(the micro-batches replace grad_accum_steps'; varlen flash-attention on CUDA, a block-diagonal mask "
-        "elsewhere); 0: grad_accum_steps padded micro-batches",
+        0, ge=0, help="pack each micro-batch's sequences without padding, up to this many tokens (the "
+        "micro-batches replace grad_accum_steps'): one row under varlen flash-attention, else rows as long as the "
+        "longest sequence, whose block-diagonal mask costs no more than padding; 0: grad_accum_steps padded micro-batches",
     )
     # objective
     loss: str = option(

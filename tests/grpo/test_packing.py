@@ -1,5 +1,5 @@
-"""Packed micro-batches (``trainer.micro_batch_tokens``): the model runs a micro-batch's sequences as one
-row without padding, and the logprobs, gradients and the optimizer step are the padded ones (fp32,
+"""Packed micro-batches (``trainer.micro_batch_tokens``): the model runs a micro-batch's sequences without
+padding (one row under varlen attention, else rows as long as the longest sequence), and the logprobs, gradients and the optimizer step are the padded ones (fp32,
 1e-5); the packing itself keeps every sample once and within the budget; backends that pack their own
 way refuse the key in one sentence."""
 
@@ -30,10 +30,18 @@ def _samples(lengths: list[int], seed: int = 0) -> list[TrainingSample]:
     return out
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["rows-of-the-longest", "one-row"])
 @pytest.mark.parametrize("chunked", [True, False])
-def test_packed_logprobs_and_gradients_are_the_padded_ones(tiny_path: Path, chunked: bool):
+def test_packed_logprobs_and_gradients_are_the_padded_ones(tiny_path: Path, chunked: bool, varlen: bool,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    """Without varlen kernels (sdpa here) the sequences go into rows as long as the longest (30): [30],
+    [17, 12], [9, 5, 2], so the block-diagonal mask costs no more than padding; with them (flash-attention,
+    faked: sdpa runs the one row block-diagonally) one row of every token."""
     from transformers import AutoModelForCausalLM
 
+    from bridges.models import token_logprobs
+
+    monkeypatch.setattr(token_logprobs, "varlen_attention", lambda model: varlen)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_path), dtype=torch.float32).train()
     batch = collate(_samples(LENGTHS), pad_token_id=0)
     seen: list[tuple[int, ...]] = []
@@ -45,12 +53,29 @@ def test_packed_logprobs_and_gradients_are_the_padded_ones(tiny_path: Path, chun
         (logps * torch.linspace(0.5, 1.5, logps.shape[1])).sum().backward()
         results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
         model.zero_grad(set_to_none=True)
-    assert seen == [(len(LENGTHS), max(LENGTHS)), (1, sum(LENGTHS))]  # padded rows, then one row, no padding
+    packed_shape = (1, sum(LENGTHS)) if varlen else (3, max(LENGTHS))
+    assert seen == [(len(LENGTHS), max(LENGTHS)), packed_shape]  # padded rows, then the packed layout
     (padded, padded_grads), (packed, packed_grads) = results
     torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
     assert padded.abs().sum() > 0
     for got, want in zip(packed_grads, padded_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_rows_never_cost_more_attention_than_padding():
+    from bridges.models.token_logprobs import packed_inputs
+
+    rng = random.Random(1)
+    lengths = [rng.randrange(1, 300) for _ in range(64)]
+    real = torch.arange(300)[None, :] < torch.tensor(lengths)[:, None]
+    ids = torch.randint(3, 100, (64, 300))
+    inputs, order = packed_inputs(ids, real, max(lengths))
+    rows, width = inputs["input_ids"].shape
+    assert width == max(lengths) and rows * width**2 <= len(lengths) * max(lengths) ** 2  # attention (mask) cost
+    assert rows * width < len(lengths) * max(lengths)  # the linear layers run fewer tokens than padded
+    assert torch.equal(inputs["input_ids"].flatten()[order], ids[real])  # every token once, in its place
+    one, one_order = packed_inputs(ids, real)
+    assert one["input_ids"].shape == (1, sum(lengths)) and torch.equal(one["input_ids"][0][one_order], ids[real])
 
 
 def test_sequences_do_not_see_each_other_in_a_packed_row(tiny_path: Path):
