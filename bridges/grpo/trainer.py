@@ -90,7 +90,7 @@ from bridges.grpo.precision import DynamicLossScale, MasterWeights, make_optimiz
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
 from bridges.grpo.step_memory import step_reserve_bytes
 from bridges.models.hardware import Placement, bound, memory_metrics, placement
-from bridges.models.token_logprobs import chunked_matches_plain, varlen_attention
+from bridges.models.token_logprobs import chunked_matches_plain, default_chunk_tokens, varlen_attention
 from bridges.runs.backends import Backend
 from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
@@ -363,7 +363,8 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         temperature=config.sampling.temperature, grad_accum_steps=t.grad_accum_steps, max_grad_norm=t.max_grad_norm,
         master=master, scaler=make_scaler(where.dtype, where.device), device=where.device,
-        logprob_chunk_tokens=t.logprob_chunk_tokens, chunked_logprobs=chunked, world=world,
+        logprob_chunk_tokens=t.logprob_chunk_tokens or default_chunk_tokens(where.device), chunked_logprobs=chunked,
+        world=world,
         micro_batch_tokens=t.micro_batch_tokens,
     )
     return ctx, tokenizer

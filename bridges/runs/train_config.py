@@ -125,9 +125,10 @@ class TrainerConfig:
         "shapes in row buckets, adapters/hf/static_decode.py); no effect on a CPU",
     )
     logprob_chunk_tokens: int = option(
-        256,
-        ge=1,
-        help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B)",
+        0,
+        ge=0,
+        help="loss positions whose vocabulary logits exist at once in the logprob step (chunk x vocab x 4 B); "
+        "0: 1024 on CUDA, 256 on a CPU",
     )
     num_processes: int = option(
         1, ge=1, help="training processes (one per GPU); >1 starts them, each rolling out and training its share "

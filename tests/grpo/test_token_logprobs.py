@@ -130,3 +130,40 @@ def test_a_half_heads_gradient_is_summed_over_chunks_and_micro_batches_in_fp32()
     rounded_once = (first - weight.grad).abs().max().item()
     assert fp32_error < 0.02 * exact.abs().max().item(), fp32_error  # per-chunk bf16 products only
     assert rounded_once <= 2 ** -7 * weight.grad.abs().max().item() + fp32_error, rounded_once
+
+
+def test_the_cuda_head_path_writes_fp32_products_in_one_kernel_per_chunk(monkeypatch):
+    """On CUDA the head's products are written in fp32 by the matmul itself (``out_dtype``): logits never
+    rounded to bf16, the head gradient one fp32-accumulating matmul per chunk instead of a slice per 8,192
+    vocabulary rows. CUDA cannot run here: the path runs on the meta device (shapes, dtypes, which ops),
+    its numbers are checked against fp32 by benchmarks/logprob_probe.py on a GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bridges.models import token_logprobs as tl
+
+    assert not tl.fp32_accumulation(torch.device("cpu")) and tl.default_chunk_tokens(torch.device("cpu")) == 256
+    assert tl.default_chunk_tokens(torch.device("cuda")) == 1024
+    monkeypatch.setattr(tl, "fp32_accumulation", lambda device: True)
+    hidden = torch.randn(50, 16, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(20000, 16, dtype=torch.bfloat16, device="meta"))
+    sink = torch.zeros(20000, 16, device="meta")
+    ops: list[str] = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Log():
+        out = tl.HeadLogprobs.apply(hidden, weight, torch.randint(0, 20000, (50,), device="meta"), 1.0, 16, sink)
+        out.sum().backward()
+    assert out.dtype == torch.float32 and hidden.grad.dtype == torch.bfloat16
+    # 4 chunks: 4 fp32 products forward, 4 recomputed + 4 gradient sums backward, no vocabulary slices
+    assert ops.count("aten.mm.dtype") == 8 and ops.count("aten.addmm.dtype_out") == 4
+
+
+def test_the_cpu_head_path_is_unchanged():
+    from bridges.models.token_logprobs import fp32_product
+
+    a, b = torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(32, 40, dtype=torch.bfloat16)
+    assert torch.equal(fp32_product(a, b), (a @ b).float())
