@@ -125,6 +125,7 @@ class HFEngine:
         self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs) and on_cuda
         self.static_cache = (on_cuda or self.cuda_graphs) if static_cache is None else bool(static_cache)
         self._static: Any = None  # static_decode.StaticDecoder, made at the first batch it serves
+        self._merger: Any = None  # weight_payload.LoraMerger, made at the first LoRA push
 
     @classmethod
     def from_pretrained(
@@ -335,9 +336,29 @@ class HFEngine:
     ) -> int:
         """``update_weights`` off the event loop (it waits for the running batch to finish).
 
-        ``policy`` is accepted for signature parity with other engines and not needed here.
+        A LoRA policy's factors (peft names, ``policy`` the peft model whose scalings they carry) are merged
+        into this engine's plain copy of the base model first (``merge_adapter``).
         """
-        return await asyncio.to_thread(bound(self.device, self.update_weights), state_dict, version)
+        def update() -> int:
+            return self.update_weights(self.merge_adapter(state_dict, policy), version)
+
+        return await asyncio.to_thread(bound(self.device, update))
+
+    def merge_adapter(self, state_dict: dict[str, Any], policy: Any) -> dict[str, Any]:
+        """``state_dict`` as this engine's own tensors: unchanged, or, when it holds a LoRA adapter's
+        factors that this model (a plain copy of the base) has no parameters for, the adapted layers'
+        merged weights ``W = base + scaling * B @ A``. Why merged: the engine then decodes plain linear
+        layers (peft's wrapper adds ~480 ops to every decode step at 24 layers), and the merged weights are
+        copied into the same tensors, so captured decode graphs stay valid. Each layer's base is kept on
+        the engine's device (``LoraMerger``), so adapter k+1 replaces adapter k."""
+        own = self.model.state_dict()
+        if not any(".lora_A." in name and name not in own for name in state_dict):
+            return state_dict
+        from bridges.models.weight_payload import LoraMerger, lora_payload, lora_scalings, tied_names
+
+        if self._merger is None:
+            self._merger = LoraMerger(own, tied_names(self.model), on_device=True)
+        return dict(self._merger.tensors(lora_payload(state_dict, lora_scalings(policy), version=0)))
 
     def mark_weights_updated(self) -> int:
         """Record that the trainer changed this engine's model in place (the same module object).

@@ -22,7 +22,8 @@ from bridges.runs.train_config import TrainConfig, lora_config
 
 
 def load_policy(
-    config: TrainConfig, where: Placement, *, for_sampling: bool = False, weights_dtype: Any = None
+    config: TrainConfig, where: Placement, *, for_sampling: bool = False, weights_dtype: Any = None,
+    adapter: bool = True,
 ) -> tuple[torch.nn.Module, Any]:
     """The trainable policy (optionally LoRA-wrapped) on ``where.device`` in ``where.dtype`` (or
     ``weights_dtype``: FSDP's fp32 sharded masters), and its tokenizer; activations recomputed as
@@ -31,7 +32,10 @@ def load_policy(
     ``for_sampling``: the engine's copy, the same module layout (so pushed tensors find their names) but
     frozen, in eval mode and without checkpointing. A copy whose weights require grad makes every
     forward outside inference mode record a graph; in the decode loop that graph holds each step's KV
-    cache alive, memory quadratic in the length (19 GiB at 0.5B, 64 rows x 128 tokens)."""
+    cache alive, memory quadratic in the length (19 GiB at 0.5B, 64 rows x 128 tokens).
+
+    ``adapter=False``: no LoRA wrapper even when ``trainer.lora_rank`` asks for one (the in-process engine's
+    copy, which merges the pushed factors into plain weights: ``HFEngine.merge_adapter``)."""
     from transformers import AutoTokenizer
 
     from bridges.models.tiny import resolve_model_path
@@ -43,7 +47,7 @@ def load_policy(
         apply_recompute(policy, recompute_stride(config.trainer.gradient_checkpointing))
         apply_kernels(policy, config.trainer.kernels)  # eager or compiled layers (bridges/models/fused.py)
     policy.config.use_cache = False  # the training forward runs over whole sequences
-    lora = lora_config(config.trainer)
+    lora = lora_config(config.trainer) if adapter else None
     if lora is not None:
         from bridges.runtime.errors import require_extra
 
@@ -69,7 +73,8 @@ def make_engine(
         return engine_class("vllm").for_training(config, where, tokenizer, reserve_bytes)
     # its own copy of the weights: training changes the policy in another thread while the engine
     # samples the next batch, and a batch must never see half-updated weights
-    engine_model, _ = load_policy(config, where, for_sampling=True)
+    # a LoRA policy's engine holds plain weights: each push merges the adapter into them (merge_adapter)
+    engine_model, _ = load_policy(config, where, for_sampling=True, adapter=False)
     dtype_bytes = where.dtype.itemsize
     rows = engine_rows(shape, engine_model.config, dtype_bytes, memory_budget(where.device, reserve_bytes),
                        config.trainer.group_size)

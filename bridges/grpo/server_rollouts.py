@@ -159,9 +159,8 @@ async def open_server_rollouts(config: Any, env: Any, tokenizer: Any, policy: to
     from bridges.grpo.parallel import barrier, full_state_dict, share
     from bridges.grpo.push_channels import open_channel
     from bridges.grpo.server_pool import Identity
-    from bridges.grpo.weight_push import lora_scalings
     from bridges.models.tiny import resolve_model_path
-    from bridges.models.weight_payload import model_layout, tokenizer_fingerprint
+    from bridges.models.weight_payload import lora_scalings, model_layout, tokenizer_fingerprint
     from bridges.workflows.advantages import advantage_method
 
     t, local = config.trainer, None

@@ -1,6 +1,8 @@
 """The trainer's side of a weight push: the policy's tensors as payloads a ``bridges.serve`` takes.
 
-A server holds a plain model (no peft wrapper), so names are the base model's. Full fine-tuning sends
+A server holds a plain model (no peft wrapper), so names are the base model's (``base_name``, and the
+adapter's factors by ``lora_payload``, live in ``bridges.models.weight_payload``: the in-process engine
+merges them the same way). Full fine-tuning sends
 the trained tensors. A LoRA policy sends its adapter as factors (``<layer>.lora_A``/``.lora_B`` and
 each layer's scaling; the server merges), except the first push to a server, which also carries the
 whole base model: the server's base then equals the trainer's whatever checkpoint it loaded, and a
@@ -13,27 +15,7 @@ from typing import Any
 
 import torch
 
-from bridges.models.weight_payload import Payload
-from bridges.runtime.errors import require_extra
-
-_PEFT_PREFIX = "base_model.model."
-
-
-def base_name(name: str) -> str:
-    """A peft-wrapped tensor's name in the plain model (``base_model.model.X.base_layer.weight`` ->
-    ``X.weight``); a plain model's names are unchanged."""
-    if name.startswith(_PEFT_PREFIX):
-        name = name[len(_PEFT_PREFIX) :]
-    return name.replace(".base_layer.", ".")
-
-
-def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
-    """Each adapted layer's scaling (``lora_alpha / r``, or rsLoRA's), by its base name; empty without LoRA."""
-    if not any(".lora_" in name for name, _ in policy.named_parameters()):
-        return {}
-    lora_layer = require_extra("peft.tuners.lora", "trl", "LoRA weights for inference servers").LoraLayer
-    return {base_name(name): float(module.scaling["default"]) for name, module in policy.named_modules()
-            if isinstance(module, lora_layer) and "default" in module.scaling}
+from bridges.models.weight_payload import Payload, base_name, lora_payload
 
 
 def full_payload(state: dict[str, torch.Tensor], version: int, run: str = "") -> Payload:
@@ -49,18 +31,6 @@ def full_payload(state: dict[str, torch.Tensor], version: int, run: str = "") ->
             seen.add(storage)
             tensors[base_name(name)] = value
     return Payload("full", version, tensors, run=run)
-
-
-def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], version: int, run: str = "") -> Payload:
-    """The adapter's factors as ``<layer>.lora_A``/``<layer>.lora_B`` with each layer's scaling."""
-    tensors = {}
-    for name, value in state.items():
-        for factor in ("lora_A", "lora_B"):
-            marker = f".{factor}.default.weight"
-            if name.endswith(marker):
-                tensors[f"{base_name(name[: -len(marker)])}.{factor}"] = value
-    layers = {k.rsplit(".", 1)[0] for k in tensors}
-    return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers}, run)
 
 
 def payloads(

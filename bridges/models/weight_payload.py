@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bridges.runtime.errors import BridgesError
+from bridges.runtime.errors import BridgesError, require_extra
 
 KINDS = ("full", "lora")
 MAX_VERSION = 10**12  # a step count: no trainer gets near it, and a push cannot pin a server past it
@@ -132,8 +132,10 @@ def decode(data: bytes) -> Payload:
 class LoraMerger:
     """Turns payloads into the whole tensors to copy into one model (``state``: its state_dict)."""
 
-    def __init__(self, state: dict[str, torch.Tensor], tied: set[str]) -> None:
-        self.state, self.tied = state, tied
+    def __init__(self, state: dict[str, torch.Tensor], tied: set[str], *, on_device: bool = False) -> None:
+        """``on_device``: keep each adapted layer's base where the model's weight is, in its dtype, and merge
+        there (an engine on a GPU); else an fp32 copy on the host (a server, whose pushes arrive there)."""
+        self.state, self.tied, self.on_device = state, tied, on_device
         self.base: dict[str, torch.Tensor] = {}  # weight name -> its last full value, for adapted layers
 
     def tensors(self, payload: Payload) -> dict[str, torch.Tensor]:
@@ -142,7 +144,7 @@ class LoraMerger:
             _check_shapes(self.state, payload.tensors)
             for name, value in payload.tensors.items():
                 if name in self.base:
-                    self.base[name] = value.detach().to("cpu", torch.float32, copy=True)
+                    self.base[name] = self._kept(name, value)
             return payload.tensors
         return {f"{module}.weight": self._merged(module, payload) for module in _modules(payload)}
 
@@ -159,8 +161,11 @@ class LoraMerger:
             )
         if module not in payload.scaling:
             raise WeightPayloadError(f"the adapter gives no scaling for layer '{module[:120]}'.")
-        a, b = payload.tensors[f"{module}.lora_A"].float(), payload.tensors[f"{module}.lora_B"].float()
-        base = self.base.setdefault(name, self.state[name].detach().to("cpu", torch.float32, copy=True))
+        base = self.base.get(name)
+        if base is None:
+            base = self.base[name] = self._kept(name, self.state[name])
+        a = payload.tensors[f"{module}.lora_A"].to(base.device, torch.float32)
+        b = payload.tensors[f"{module}.lora_B"].to(base.device, torch.float32)
         if (
             a.dim() != 2
             or b.dim() != 2
@@ -171,7 +176,13 @@ class LoraMerger:
                 f"the adapter's factors for '{module[:120]}' ({tuple(b.shape)} @ {tuple(a.shape)}) do not make "
                 f"its weight's shape {tuple(base.shape)}."
             )
-        return base + payload.scaling[module] * (b @ a)
+        return torch.add(base.float(), b @ a, alpha=payload.scaling[module])  # a new tensor: the base stays
+
+    def _kept(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        if self.on_device:
+            own = self.state[name]
+            return value.detach().to(own.device, own.dtype, copy=True)
+        return value.detach().to("cpu", torch.float32, copy=True)
 
 
 def _modules(payload: Payload) -> list[str]:
@@ -196,6 +207,38 @@ def _check_shapes(state: dict[str, torch.Tensor], tensors: dict[str, torch.Tenso
             raise WeightPayloadError(
                 f"the payload's '{name[:160]}' has shape {tuple(value.shape)}, the model's {tuple(state[name].shape)}."
             )
+
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def base_name(name: str) -> str:
+    """A peft-wrapped tensor's name in the plain model (``base_model.model.X.base_layer.weight`` ->
+    ``X.weight``); a plain model's names are unchanged."""
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX) :]
+    return name.replace(".base_layer.", ".")
+
+
+def lora_scalings(policy: torch.nn.Module) -> dict[str, float]:
+    """Each adapted layer's scaling (``lora_alpha / r``, or rsLoRA's), by its base name; empty without LoRA."""
+    if not any(".lora_" in name for name, _ in policy.named_parameters()):
+        return {}
+    lora_layer = require_extra("peft.tuners.lora", "trl", "LoRA weights for inference servers").LoraLayer
+    return {base_name(name): float(module.scaling["default"]) for name, module in policy.named_modules()
+            if isinstance(module, lora_layer) and "default" in module.scaling}
+
+
+def lora_payload(state: dict[str, torch.Tensor], scalings: dict[str, float], version: int, run: str = "") -> Payload:
+    """The adapter's factors as ``<layer>.lora_A``/``<layer>.lora_B`` with each layer's scaling."""
+    tensors = {}
+    for name, value in state.items():
+        for factor in ("lora_A", "lora_B"):
+            marker = f".{factor}.default.weight"
+            if name.endswith(marker):
+                tensors[f"{base_name(name[: -len(marker)])}.{factor}"] = value
+    layers = {k.rsplit(".", 1)[0] for k in tensors}
+    return Payload("lora", version, tensors, {layer: scalings[layer] for layer in layers}, run)
 
 
 def tied_names(model: torch.nn.Module) -> set[str]:

@@ -202,3 +202,37 @@ async def test_a_model_the_probe_rejects_keeps_the_eager_loop_and_says_why(tiny_
     assert engine._static.verified is False and len(sample.token_ids) == 5
     assert "decodes with the eager loop: its fixed-shape decode differs" in caplog.text
     engine.close()
+
+
+async def test_a_lora_policy_is_sampled_through_merged_plain_weights(tiny_path, tiny_tokenizer):
+    """The engine's copy of a LoRA policy is the plain base model: each push merges W = base + s * B @ A in
+    place (so the fixed-shape path's buffers and graphs stay valid), adapter k+1 replaces adapter k, and the
+    samples are the peft model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from bridges.adapters.hf import HFEngine
+
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_path),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).eval()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+    base_q = plain.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    engine = HFEngine(plain, tiny_tokenizer, static_cache=True)
+    prompt, params = tiny_tokenizer.encode("merge me"), SamplingParams(max_tokens=12, temperature=0.0)
+    trained = {n: p for n, p in policy.named_parameters() if "lora_" in n}
+    for round_ in range(2):
+        with torch.no_grad():
+            for tensor in trained.values():
+                tensor.copy_(torch.randn_like(tensor) * 0.3)
+        await engine.aupdate_weights({n: p.detach() for n, p in trained.items()}, policy=policy)
+        layer = policy.base_model.model.model.layers[0].self_attn.q_proj
+        want = base_q + 2.0 * (layer.lora_B["default"].weight @ layer.lora_A["default"].weight)
+        torch.testing.assert_close(plain.model.layers[0].self_attn.q_proj.weight, want)  # not cumulative
+        [sample] = await engine.generate(prompt, params)
+        reference = HFEngine(policy, tiny_tokenizer)
+        [expected] = await reference.generate(prompt, params)
+        reference.close()
+        assert sample.token_ids == expected.token_ids, round_
+        assert sample.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    assert not any("lora_" in name for name, _ in plain.named_parameters()) and engine.weight_version == 2
+    engine.close()

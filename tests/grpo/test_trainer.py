@@ -120,10 +120,21 @@ def test_lora_trains_only_the_adapter_and_the_engine_samples_with_it(tmp_path, m
     )  # B starts at 0: it trained
     engine = engines[0]
     assert engine.weight_version == 3  # the policy as the run starts, then one sync per optimizer step
-    served = dict(engine.model.named_parameters())
-    for name, tensor in adapter.items():  # the engine samples with exactly the trained adapter
-        served_tensor = served[name.replace(".weight", ".default.weight")]  # peft names the adapter "default"
-        torch.testing.assert_close(served_tensor.detach(), tensor)
+    # the engine holds plain weights (no peft wrapper): each adapted layer is base + (alpha / r) * B @ A
+    from transformers import AutoModelForCausalLM
+
+    from bridges.models.tiny import resolve_model_path
+    from bridges.models.weight_payload import base_name
+
+    assert not any("lora_" in name for name, _ in engine.model.named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny")).state_dict()
+    served = engine.model.state_dict()
+    layers = {base_name(n.rsplit(".lora_", 1)[0]) for n in adapter}
+    assert layers and all(layer.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) for layer in layers)
+    for layer in layers:  # the engine samples with exactly the trained adapter, merged
+        a = adapter[f"base_model.model.{layer}.lora_A.weight"]
+        b = adapter[f"base_model.model.{layer}.lora_B.weight"]
+        torch.testing.assert_close(served[f"{layer}.weight"], base[f"{layer}.weight"] + 32 / 4 * (b @ a))
 
 
 def test_rollouts_in_a_child_process_train_with_the_synced_weights(tmp_path):

@@ -19,8 +19,8 @@ import torch
 from weight_server import fresh, weight_server
 
 from bridges.grpo.push_channels import CollectiveChannel, HttpChannel, PushRefused
-from bridges.grpo.weight_push import lora_scalings, payloads
-from bridges.models.weight_payload import Payload, encode
+from bridges.grpo.weight_push import payloads
+from bridges.models.weight_payload import Payload, encode, lora_scalings
 from bridges.server.app import WeightUpdates, serve_in_thread
 
 KEY = "weights-secret"
