@@ -1,23 +1,27 @@
 """The bundled trainer against TRL's ``GRPOTrainer`` on the same device, in one run: same model, task,
-batch, group and lengths.
+batch, group and lengths, each side run as its users run it.
 
     python benchmarks/gpu_vs_trl.py                      # a GPU: Qwen2.5-0.5B and 1.5B shapes, all layers
     python benchmarks/gpu_vs_trl.py --arch qwen2.5-0.5b --layers 1 --batch 2 --group 2 --max-tokens 8 --steps 2  # CPU (CI)
 
-Each architecture is built with random weights (no download). Both trainers run the GPU smoke task
+Each architecture is built with random weights (no download). Every run trains the GPU smoke task
 (``smoke_env.py``: the default task's prompts, reward = share of vowels, so every group has reward
 variance and every step trains) for ``--steps`` steps of ``--batch`` prompts x ``--group`` rollouts of
-at most ``--max-tokens`` tokens, temperature 1, no KL term, gradient checkpointing on, bf16 on a GPU
-(fp32 on a CPU), the same learning rate. Ours: ``python -m bridges.train`` with its default engine
-(vLLM where installed, else transformers' continuous batching on a GPU; the hf engine on a CPU) and
-generation not overlapped with training (``trainer.num_batches_ahead=0``, as TRL is synchronous), so
-each phase is timed alone. TRL: its own generation (``use_vllm=False``; vLLM colocate with
-``--trl-vllm`` where vLLM imports). Per trainer: samples per second over the steps after the first
-(the first compiles and warms up), peak memory (the CUDA allocator's; RSS on a CPU). Ours also: generation
-tokens/s, training tokens/s and the training step's MFU against the card's dense bf16 peak
-(``gpu_smoke.device_peak``). TRL's phases are not timed apart (its step is one call). Last line:
-``device=<name> <arch>_ratio=<ours/TRL samples per s> <arch>_ours_samples_per_s=… <arch>_trl_samples_per_s=…
-<arch>_gen_tokens_per_s=… <arch>_train_tokens_per_s=… <arch>_mfu=… <arch>_ours_peak_gb=… <arch>_trl_peak_gb=…``.
+at most ``--max-tokens`` tokens, temperature 1, no KL term, gradient checkpointing on, the same
+learning rate. Four rows, like with like:
+- ``ours_ahead0`` / ``ours_ahead1``: ``python -m bridges.train`` in bf16 with fp32 masters (fp32 on a
+  CPU), its default engine (named in the figures: ``engine=``), generation not overlapped with training
+  (``trainer.num_batches_ahead=0``, synchronous like TRL) and overlapped one batch ahead (our default);
+- ``trl_amp``: TRL as its users run it on a GPU, fp32 weights with ``bf16=True`` (autocast; fp32
+  AdamW state), its own generation (``use_vllm=False``; vLLM colocate with ``--trl-vllm``);
+- ``trl_bf16``: TRL with the model loaded in bf16 (pure-bf16 AdamW: cheaper, but at lr 1e-6 its weights
+  barely move, so it is not the same training; kept as a second row, not the baseline).
+Per row: samples per second over the steps after the first (the first compiles and warms up) and peak
+memory (the CUDA allocator's; a CPU's RSS is the process's, so only the first row has one). Ours also:
+generation tokens/s, training tokens/s and the training step's MFU against the card's dense bf16 peak
+(``gpu_smoke.device_peak``). The ratio is ours (one batch ahead) over TRL as its users run it
+(``trl_amp``). Last line: ``device=<name> <arch>_ratio=… <arch>_<row>_samples_per_s=… <arch>_<row>_peak_gb=…
+<arch>_engine=… <arch>_gen_tokens_per_s=… <arch>_train_tokens_per_s=… <arch>_mfu=…``.
 """
 
 from __future__ import annotations
@@ -48,17 +52,20 @@ def peak_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> dict[str, float]:
+def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str, ahead: int) -> dict[str, Any]:
     """``out``: this architecture's own folder (one run folder per run)."""
     from bridges.train import main as train
 
-    code = train([f"model={model}", "env=smoke_env", f"output_dir={out}", "run_name=ours", "progress=false",
+    name = f"ours{ahead}"
+    code = train([f"model={model}", "env=smoke_env", f"output_dir={out}", f"run_name={name}", "progress=false",
                   f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch}", f"trainer.group_size={args.group}",
                   f"sampling.max_tokens={args.max_tokens}", f"trainer.dtype={dtype}", f"trainer.device={args.device}",
-                  "trainer.num_batches_ahead=0", "trainer.gradient_checkpointing=full", f"trainer.learning_rate={args.lr}",
-                  "trainer.beta=0"])
+                  f"trainer.num_batches_ahead={ahead}", "trainer.gradient_checkpointing=full",
+                  f"trainer.learning_rate={args.lr}", "trainer.beta=0"])
     assert code == 0, "our run failed"
-    rows = [json.loads(x) for x in (out / "ours" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    with (out / name / "traces.jsonl").open() as traces:
+        engine = json.loads(traces.readline())["provenance"]["engine"]
     timed = rows[1:] or rows
     gen_tokens = sum(
         r["tokens/completion_mean"] * (r["episodes/total"] - r["episodes/masked"]) for r in timed
@@ -68,12 +75,13 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str) -> di
     return {"samples_per_s": args.batch * args.group / statistics.mean(r["timing/step_s"] for r in timed),
             "gen_tokens_per_s": gen_tokens / max(sum(r["timing/wait_generation_s"] for r in timed), 1e-9),
             "train_tokens_per_s": train_tokens / max(train_s, 1e-9), "train_tokens": train_tokens, "train_s": train_s,
-            "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed))}
+            "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed)), "engine": engine}
 
 
 def run_trl(
-    model: Path, out: Path, args: argparse.Namespace, dtype: str, device: torch.device
+    model: Path, out: Path, args: argparse.Namespace, weights: str, device: torch.device
 ) -> dict[str, float]:
+    """TRL's trainer with the model loaded in ``weights`` (fp32 or bf16); autocast in bf16 on a GPU."""
     import smoke_env
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -95,10 +103,10 @@ def run_trl(
         output_dir=str(out), per_device_train_batch_size=args.batch * args.group, num_generations=args.group,
         max_completion_length=args.max_tokens, max_steps=args.steps, learning_rate=args.lr,
         lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=1.0, use_cpu=device.type == "cpu",
-        bf16=dtype == "bf16", gradient_checkpointing=True, report_to="none", save_strategy="no",
+        bf16=device.type == "cuda", gradient_checkpointing=True, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, use_vllm=args.trl_vllm, **({"vllm_mode": "colocate"} if args.trl_vllm else {}),
     )
-    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    torch_dtype = torch.bfloat16 if weights == "bf16" else torch.float32
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype), reward_funcs=vowel_share, args=config,
         train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model), callbacks=[StepClock()],
@@ -111,6 +119,14 @@ def run_trl(
     return {"samples_per_s": args.batch * args.group / statistics.mean(gaps)}
 
 
+def measured(device: torch.device, run: Any) -> tuple[dict[str, Any], float]:
+    """``run()``'s figures and its peak memory in GB (the allocator's, reset first; RSS on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return run(), peak_gb(device)
+
+
 def run_arch(arch: str, folder: Path, args: argparse.Namespace, device: torch.device) -> dict[str, str]:
     from transformers import AutoConfig
 
@@ -118,26 +134,31 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace, device: torch.de
 
     model = build_architecture(arch, folder / arch, layers=args.layers or None)
     dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    ours = run_ours(model, folder / "runs" / arch, args, dtype)
-    ours_peak = peak_gb(device)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    trl = run_trl(model, folder / "trl", args, dtype, device)
+    runs = folder / "runs" / arch
+    makers = {"ours_ahead0": lambda: run_ours(model, runs, args, dtype, 0),
+              "ours_ahead1": lambda: run_ours(model, runs, args, dtype, 1),
+              "trl_amp": lambda: run_trl(model, folder / "trl_amp", args, "fp32", device),
+              "trl_bf16": lambda: run_trl(model, folder / "trl_bf16", args, "bf16", device)}
+    wanted = args.rows.split(",") if args.rows else [*makers][: 4 if device.type == "cuda" else 3]
+    unknown = set(wanted) - set(makers) | ({"ours_ahead1", "trl_amp"} - set(wanted))
+    assert not unknown, f"--rows takes {', '.join(makers)} and needs ours_ahead1 and trl_amp; not {sorted(unknown)}"
+    rows = {name: measured(device, makers[name]) for name in wanted}  # in the order asked
+    ours = rows["ours_ahead1"][0]
     peak = device_peak(device)
     achieved = (
-        flops_per_token(AutoConfig.from_pretrained(model), ours["context"])
-        * ours["train_tokens"]
+        flops_per_token(AutoConfig.from_pretrained(model), ours["context"]) * ours["train_tokens"]
         / max(ours["train_s"], 1e-9)
     )
-    return {"ratio": f"{ours['samples_per_s'] / trl['samples_per_s']:.2f}",
-            "ours_samples_per_s": f"{ours['samples_per_s']:.2f}", "trl_samples_per_s": f"{trl['samples_per_s']:.2f}",
-            "gen_tokens_per_s": f"{ours['gen_tokens_per_s']:.1f}", "train_tokens_per_s": f"{ours['train_tokens_per_s']:.1f}",
-            "mfu": f"{achieved / peak:.3f}" if peak else "n/a",
-            "ours_peak_gb": f"{ours_peak:.2f}",  # a CPU's RSS peak is the process's: TRL runs second, so n/a
-            "trl_peak_gb": f"{peak_gb(device):.2f}" if device.type == "cuda" else "n/a"}
+    figures = {"ratio": f"{ours['samples_per_s'] / rows['trl_amp'][0]['samples_per_s']:.2f}",
+               "engine": str(ours["engine"]).replace(" ", "_")}
+    for name, (row, row_peak) in rows.items():
+        figures[f"{name}_samples_per_s"] = f"{row['samples_per_s']:.2f}"
+        # a CPU's RSS peak is the process's: only the first run's is its own
+        figures[f"{name}_peak_gb"] = f"{row_peak:.2f}" if device.type == "cuda" or name == wanted[0] else "n/a"
+    figures.update(gen_tokens_per_s=f"{ours['gen_tokens_per_s']:.1f}",
+                   train_tokens_per_s=f"{ours['train_tokens_per_s']:.1f}",
+                   mfu=f"{achieved / peak:.3f}" if peak else "n/a")
+    return figures
 
 
 def main() -> None:
@@ -152,6 +173,8 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on a CPU")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--trl-vllm", action="store_true", help="TRL generates with vLLM colocated")
+    parser.add_argument("--rows", default="", help="comma-separated rows (ours_ahead0, ours_ahead1, trl_amp, "
+                        "trl_bf16); default: all four on CUDA, the first three on a CPU (pure bf16 means nothing there)")
     args = parser.parse_args()
     from bridges.models.hardware import resolve_device
 

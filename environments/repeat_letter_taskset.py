@@ -42,13 +42,15 @@ class LetterTasksetConfig(vf.TasksetConfig):
 
 
 class LetterTaskset(vf.Taskset[LetterTask, LetterTasksetConfig]):
+    TASK: type[LetterTask] = LetterTask  # a subclass with more rewards reuses this loading
+
     def load(self) -> list[LetterTask]:
         """Every letter equally often, in a seeded order (as repeat_letter's train split)."""
         alphabet = self.config.alphabet
         letters = [alphabet[i % len(alphabet)] for i in range(self.config.num_tasks)]
         random.Random(self.config.seed).shuffle(letters)
         return [
-            LetterTask(LetterData(idx=i, prompt=letter, letter=letter), self.config.task)
+            self.TASK(LetterData(idx=i, prompt=letter, letter=letter), self.config.task)
             for i, letter in enumerate(letters)
         ]
 

@@ -143,13 +143,15 @@ def test_packing_benchmark_compares_padded_and_packed_steps_on_varied_lengths():
 def test_gpu_vs_trl_runs_both_trainers_on_the_cpu_at_a_small_shape():
     """benchmarks/gpu_vs_trl.py is measured on a GPU by hand; here both trainers run small so it cannot rot."""
     out = _run(str(ROOT / "benchmarks/gpu_vs_trl.py"), "--arch", "qwen2.5-0.5b", "--layers", "1", "--batch", "2",
-               "--group", "2", "--max-tokens", "8", "--steps", "2")
+               "--group", "2", "--max-tokens", "8", "--steps", "2", "--rows", "ours_ahead1,trl_amp")
     last = out.strip().splitlines()[-1]
     fields = _fields(last)
     assert last.startswith("device=cpu ") and "qwen2.5-0.5b_mfu=n/a" in last  # no peak FLOP/s for a CPU
-    for key in ("ratio", "ours_samples_per_s", "trl_samples_per_s", "gen_tokens_per_s", "train_tokens_per_s"):
+    assert "qwen2.5-0.5b_engine=hf " in last and "qwen2.5-0.5b_trl_amp_peak_gb=n/a" in last
+    for key in ("ratio", "ours_ahead1_samples_per_s", "trl_amp_samples_per_s", "gen_tokens_per_s",
+                "train_tokens_per_s", "ours_ahead1_peak_gb"):
         assert fields[f"qwen2.5-0.5b_{key}"] > 0, key
-    ratio = fields["qwen2.5-0.5b_ours_samples_per_s"] / fields["qwen2.5-0.5b_trl_samples_per_s"]
+    ratio = fields["qwen2.5-0.5b_ours_ahead1_samples_per_s"] / fields["qwen2.5-0.5b_trl_amp_samples_per_s"]
     assert ratio == pytest.approx(fields["qwen2.5-0.5b_ratio"], rel=0.02)
 
 
@@ -174,3 +176,28 @@ def test_mfu_names_each_h100_forms_own_peak():
     assert peak_for("NVIDIA H100 PCIe") == 756e12
     assert peak_for("NVIDIA H100 NVL") == 835e12
     assert peak_for("NVIDIA H200") == 989e12 and peak_for("Some Other GPU") is None
+
+
+@pytest.mark.slow
+def test_decode_probe_times_every_generation_path_on_the_cpu_at_a_small_shape():
+    """benchmarks/decode_probe.py is measured on a GPU (gpu_checks.sh); here every path runs small so it cannot rot."""
+    out = _run(str(ROOT / "benchmarks/decode_probe.py"), "--layers", "1", "--rows", "8", "--tokens", "4")
+    last = out.strip().splitlines()[-1]
+    fields = _fields(last)
+    assert last.startswith("device=cpu ") and last.endswith("hf_graphs_syncs=0")
+    for path in ("hf_eager", "hf_static", "hf_generate", "paged_graphs"):  # hf_graphs runs without graphs here
+        assert fields[f"{path}_8_tokens_per_s"] > 0 and fields[f"{path}_8_ms_per_step"] > 0, path
+
+
+def test_gpu_checks_default_set_fits_one_lent_slice_and_names_what_it_installs():
+    """A lent GPU gives 15 minutes, a machine start included: install + the default checks end in 8."""
+    script = (ROOT / "benchmarks" / "gpu_checks.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_checks.sh")], check=False).returncode == 0
+    defaults = re.search(r"CHECKS:-([^}]*)\}", script).group(1).split()  # type: ignore[union-attr]
+    assert defaults == ["decode_probe", "gpu_vs_trl_05b", "gpu_vs_trl_15b"]  # most important first
+    bounds = {name: int(re.search(rf"check {name} \"\$\{{\w+:-(\d+)\}}\"", script).group(1))  # type: ignore[union-attr]
+              for name in ["install", *defaults]}
+    assert sum(bounds.values()) <= 480, bounds
+    wheels = {line.split("==")[0] for line in (ROOT / "benchmarks" / "gpu_wheels.txt").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert {"trl", "datasets", "omegaconf", "fastapi", "openai", "pydantic", "httpx2", "uvicorn"} <= wheels

@@ -7,14 +7,18 @@ only restrict which ids may be drawn; renormalising over the kept ids would repo
 trainer recomputes (TRL, verl and vLLM's ``processed_logprobs`` all use the temperature-scaled
 full softmax), so it would bias the ratio on every step.
 
-Why one counter-based uniform per row (inverse-CDF sampling) instead of a ``torch.Generator`` per
-row: the number a row draws at its k-th token is a hash of (the row's seed, k), computed for every
-row at once by a few integer ops on a [rows] tensor. A seeded request therefore draws the same
-tokens whatever else shares its batch (as with a generator per row), but the step launches the
-same few kernels for 1 or 256 rows, keeps no state the host must advance, and can run inside a
-captured CUDA graph (``static_decode.py``), where the counter is a device tensor advanced in place.
-Rows without a seed take one from torch's global RNG when the batch starts, so
-``torch.manual_seed`` still makes a whole run repeat.
+Why Gumbel-max (``argmax(logp + G)``, G a Gumbel draw per vocabulary entry) and not inverse-CDF sampling
+(one uniform per row against the cumulative distribution): over a 151,936-word vocabulary each id's
+share of the cumulative sum is ~1e-5, the size of the last-bit differences between two batch shapes or
+attention paths, so inverse-CDF would pick a neighbouring id on a sizeable share of tokens whenever the
+logits differ in their last bits. The argmax changes only on a near-tie of the two best scores.
+
+Why the noise is counter-based (a hash of the row's seed, the token's index and the vocabulary entry)
+and not a ``torch.Generator`` per row: a seeded request draws the same tokens whatever else shares its
+batch (as with a generator per row), but the step launches the same few kernels for 1 or 256 rows,
+keeps no state the host must advance, and can run inside a captured CUDA graph (``static_decode.py``),
+where the counter is a device tensor advanced in place. Rows without a seed take one from torch's
+global RNG when the batch starts, so ``torch.manual_seed`` still makes a whole run repeat.
 """
 
 from __future__ import annotations
@@ -55,27 +59,44 @@ def _logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def uniforms(seeds_B: torch.Tensor, counter: int | torch.Tensor) -> torch.Tensor:
-    """One float32 in [0, 1) per row: splitmix64's output function of ``seed + counter``, top 24 bits.
-    Integer ops on [rows] only (int64 multiplication wraps, as the hash needs), no host state."""
-    x = seeds_B + counter
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's output function (int64 multiplication wraps, as the hash needs)."""
     x = x ^ _logical_shift(x, 30)
     x = x * _MIX1
     x = x ^ _logical_shift(x, 27)
     x = x * _MIX2
-    x = x ^ _logical_shift(x, 31)
-    return _logical_shift(x, 40).to(torch.float32) * (1.0 / (1 << 24))
+    return x ^ _logical_shift(x, 31)
 
 
-def uniform_reference(seed: int, step: int) -> float:
-    """``uniforms`` for one row in plain Python integers (the tests hold the tensor version to it)."""
-    x = (seed + step_counter(step)) & _WORD
+def mix64(value: int) -> int:
+    """splitmix64's output function on a Python int (a row's seed is mixed once, on the host)."""
+    x = value & _WORD
     x ^= x >> 30
     x = (x * 0xBF58476D1CE4E5B9) & _WORD
     x ^= x >> 27
     x = (x * 0x94D049BB133111EB) & _WORD
-    x ^= x >> 31
-    return (x >> 40) / (1 << 24)
+    return x ^ (x >> 31)
+
+
+def uniforms(mixed_seeds_B: torch.Tensor, counter: int | torch.Tensor, vocab: int) -> torch.Tensor:
+    """A float32 in (0, 1) per row and vocabulary entry: each row's key is the mix of its mixed seed
+    (``mix64(seed)``, as int64) + ``counter``, each entry's number the mix of ``key ^ entry x golden``, top
+    23 bits, centred in its interval (exact in float32). Integer ops only, no host state, the same numbers
+    on any device. Why the seed is mixed first: the counter advances by the golden increment each token
+    and ``row_seed`` spaces a request's samples by multiples of it, so unmixed, sample i+1's stream would
+    be sample i's one token later."""
+    key_B = _mix(mixed_seeds_B + counter)
+    entries_V = torch.arange(vocab, dtype=torch.long, device=mixed_seeds_B.device) * _GOLDEN
+    x = _mix(key_B.unsqueeze(1) ^ entries_V.unsqueeze(0))
+    return (_logical_shift(x, 41) * 2 + 1).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def uniform_reference(seed: int, step: int, entry: int) -> float:
+    """``uniforms`` for one row and entry in plain Python integers (the tests hold the tensor version to it)."""
+
+    key = mix64(mix64(seed) + step_counter(step))
+    x = mix64(key ^ ((entry * 0x9E3779B97F4A7C15) & _WORD))
+    return ((x >> 41) * 2 + 1) / (1 << 24)
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -111,7 +132,8 @@ class BatchSampler:
                                      device=device).unsqueeze(1)
         self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
         self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device).unsqueeze(1)
-        self.seeds = torch.tensor(drawn_seeds(seeds), dtype=torch.long, device=device)
+        mixed = [signed64(mix64(seed)) for seed in drawn_seeds(seeds)]
+        self.seeds = torch.tensor(mixed, dtype=torch.long, device=device)  # mixed once here (see uniforms)
         self._set_flags(temps, top_k, [p.top_p for p in params])
 
     def _set_flags(self, temps: list[float], top_k: list[int], top_p: list[float]) -> None:
@@ -166,13 +188,9 @@ class BatchSampler:
         return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logp
 
     def _draw(self, logp: torch.Tensor, counter: int | torch.Tensor) -> torch.Tensor:
-        """Inverse-CDF sampling: the first id whose cumulative probability exceeds u x total. The target
-        stays below the total (``nextafter``), so a rounding can never pick a zero-probability id."""
-        cdf = logp.exp().cumsum_(dim=-1)
-        total = cdf[:, -1:]
-        target = torch.minimum(uniforms(self.seeds, counter).unsqueeze(1) * total,
-                               torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logp.shape[-1] - 1)
+        """Gumbel-max: the id with the largest ``logp + G``, ``G = -log(-log U)`` from ``uniforms``."""
+        gumbel = uniforms(self.seeds, counter, logp.shape[-1]).log_().neg_().log_().neg_()
+        return (logp + gumbel).argmax(dim=-1)
 
     @staticmethod
     def top(logp: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:

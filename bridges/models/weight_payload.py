@@ -176,7 +176,7 @@ class LoraMerger:
                 f"the adapter's factors for '{module[:120]}' ({tuple(b.shape)} @ {tuple(a.shape)}) do not make "
                 f"its weight's shape {tuple(base.shape)}."
             )
-        return torch.add(base.float(), b @ a, alpha=payload.scaling[module])  # a new tensor: the base stays
+        return base.float() + payload.scaling[module] * (b @ a)  # a new tensor: the base stays as it was
 
     def _kept(self, name: str, value: torch.Tensor) -> torch.Tensor:
         if self.on_device:

@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bridges.adapters.hf.decode import RowRequest, generate_batch
-from bridges.adapters.hf.sampling import row_seed, uniform_reference, uniforms
+from bridges.adapters.hf.sampling import mix64, row_seed, signed64, uniform_reference, uniforms
 from bridges.adapters.hf.static_decode import StaticDecoder, arena_length, bucket_for
 from bridges.envs.types import SamplingParams
 
@@ -54,14 +54,49 @@ def loop(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[Any]:
 
 def test_counter_noise_is_its_plain_integer_definition():
     rng = random.Random(0)
-    seeds = [0, 1, (1 << 63) - 1, *(rng.randrange(1 << 63) for _ in range(60))]
+    seeds = [0, 1, (1 << 63) - 1, *(rng.randrange(1 << 63) for _ in range(20))]
     for step in (0, 1, 7, 1000, 123456789):
-        got = uniforms(torch.tensor(seeds), step_counter_of(step)).tolist()
-        assert got == [uniform_reference(s, step) for s in seeds]
-        assert all(0.0 <= u < 1.0 for u in got)
-    # roughly uniform: the mean of 4,096 draws within 0.02 of 1/2
-    draws = uniforms(torch.arange(4096), step_counter_of(3))
-    assert abs(draws.mean().item() - 0.5) < 0.02
+        got = uniforms(torch.tensor([signed64(mix64(seed)) for seed in seeds]), step_counter_of(step), 50)
+        assert got.shape == (len(seeds), 50)
+        for row, seed in enumerate(seeds):
+            for entry in (0, 1, 17, 49):
+                assert got[row, entry].item() == uniform_reference(seed, step, entry)
+        assert bool(((got > 0) & (got < 1)).all())
+    # roughly uniform, and independent across rows, steps and entries
+    draws = uniforms(torch.arange(64), step_counter_of(3), 4096)
+    assert abs(draws.mean().item() - 0.5) < 0.01 and abs(draws.var().item() - 1 / 12) < 0.005
+    again = uniforms(torch.arange(64), step_counter_of(4), 4096)
+    assert abs(torch.corrcoef(torch.stack([draws.flatten(), again.flatten()]))[0, 1].item()) < 0.01
+
+
+def test_the_samples_of_one_request_draw_unrelated_streams():
+    """Sample i+1's noise is not sample i's one token later (row_seed spaces samples by the counter's own
+    increment: the seed is mixed before the counter is added)."""
+    from bridges.adapters.hf.sampling import BatchSampler, step_counter
+
+    seeds = [row_seed(7, i) for i in range(8)]
+    sampler = BatchSampler([SamplingParams(max_tokens=1)] * 8, seeds, 1000, CPU)
+    noise = [uniforms(sampler.seeds, step_counter(k), 1000) for k in range(3)]
+    for i in range(7):
+        assert not torch.equal(noise[1][i + 1], noise[2][i]) and not torch.equal(noise[0][i + 1], noise[1][i])
+
+
+def test_a_draw_is_the_distribution_and_survives_last_bit_differences():
+    """Gumbel-max over counter noise draws from softmax(logits), and logits that differ in their last bits
+    (another batch shape, another attention path) give the same ids at a real vocabulary's size."""
+    from bridges.adapters.hf.sampling import BatchSampler, step_counter
+
+    vocab, rows = 151936, 32
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 2
+    sampler = BatchSampler([SamplingParams(max_tokens=1)] * rows, list(range(rows)), vocab, CPU)
+    nudged = logits * (1 + 1e-6 * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1)))
+    same = [torch.equal(sampler.sample(logits, step_counter(k))[0], sampler.sample(nudged, step_counter(k))[0])
+            for k in range(8)]
+    assert all(same)
+    small = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
+    draws = BatchSampler([SamplingParams(max_tokens=1)] * 4000, list(range(4000)), 4, CPU).sample(small, 5)[0]
+    observed = torch.bincount(draws, minlength=4).float() / 4000
+    assert torch.allclose(observed, torch.softmax(small[0], -1), atol=0.025), observed
 
 
 def step_counter_of(step: int) -> int:
@@ -95,7 +130,7 @@ def test_stop_strings_stop_ids_and_a_second_batch_on_the_same_arena(tiny_model, 
     free = loop(tiny_model, tiny_tokenizer, make_rows(tiny_tokenizer, 12, SamplingParams(max_tokens=30, seed=1)))
     text = tiny_tokenizer.decode(free[0].token_ids)
     params = SamplingParams(max_tokens=30, seed=1, stop=[text[4:6], "never-said"])
-    stop_ids = frozenset({free[1].token_ids[3]})
+    stop_ids = frozenset({next(t for t in free[1].token_ids[2:] if t not in free[0].token_ids)})
     rows = lambda: make_rows(tiny_tokenizer, 12, params, stop_ids=stop_ids)  # noqa: E731
     static = decoder(tiny_model, tiny_tokenizer)
     first, want = static.generate(rows()), loop(tiny_model, tiny_tokenizer, rows())

