@@ -17,6 +17,8 @@ How a batch runs:
 - **Prefill** is one eager forward writing columns [0, W) through ``StaticKV.update`` (the method the
   model's attention calls on its cache) under a 4-D mask we build: transformers takes a 4-D mask as it
   is (``masking_utils``), so it builds none and never asks the device whether the padding is all ones.
+- **Grouped key/value heads** are attended as they are stored (``grouped_attention.py``): transformers'
+  sdpa would copy the cache once per query head of a group, every layer, every step.
 - **A decode step** opens the mask's next column, runs one token per row (written at that column),
   samples on the device (``sampling.BatchSampler``: a counter-based uniform per row, no generator),
   feeds the ids back and advances the positions, the column and the counter, all in place.
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 
 from bridges.adapters.hf.decode import RowRequest, RowResult, cache_keyword, finished
+from bridges.adapters.hf.grouped_attention import grouped
 from bridges.adapters.hf.sampling import COUNTER_STRIDE, BatchSampler, step_counter
 
 logger = logging.getLogger(__name__)
@@ -195,7 +198,12 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def generate(self, rows: list[RowRequest]) -> list[RowResult]:
-        """Every row to completion, in order (``HFEngine`` routes only rows this path serves)."""
+        """Every row to completion, in order (``HFEngine`` routes only rows this path serves). Grouped
+        key/value heads are attended without repeating them (``grouped_attention``)."""
+        with grouped(self.model):
+            return self._generate(rows)
+
+    def _generate(self, rows: list[RowRequest]) -> list[RowResult]:
         width = max(len(r.prompt_ids) for r in rows)
         arena = self.arena(width + max(r.max_new_tokens for r in rows) + 1)
         size = bucket_for(len(rows), self.max_rows)

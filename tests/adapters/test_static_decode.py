@@ -271,3 +271,40 @@ async def test_a_lora_policy_is_sampled_through_merged_plain_weights(tiny_path, 
         assert sample.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
     assert not any("lora_" in name for name, _ in plain.named_parameters()) and engine.weight_version == 2
     engine.close()
+
+
+@pytest.mark.parametrize("length", [1, 5])
+def test_grouped_heads_attend_the_cache_as_stored_and_give_sdpas_result(length: int):
+    """The fixed-shape decode reads 2 key/value heads for 14 query heads (Qwen2.5-0.5B's ratio) without
+    repeating them; the result is transformers' sdpa with ``repeat_kv`` (fp32, 1e-6), boolean mask or additive."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from bridges.adapters.hf.grouped_attention import grouped_sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 14, length, 16, generator=gen)
+    key, value = torch.randn(3, 2, 40, 16, generator=gen), torch.randn(3, 2, 40, 16, generator=gen)
+    allowed = torch.rand(3, 1, length, 40, generator=gen) > 0.3
+    allowed[..., 0] = True
+    module = SimpleNamespace(num_key_value_groups=7, is_causal=True, training=False)
+    for mask in (allowed, torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)):
+        want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+        got, _ = grouped_sdpa(module, query, key, value, mask, scaling=0.25)
+        assert got.shape == want.shape == (3, length, 14, 16)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_the_model_attends_grouped_only_inside_the_decode(tiny_model, tiny_tokenizer):
+    from bridges.adapters.hf.grouped_attention import NAME, applies
+
+    assert applies(tiny_model)  # 4 query heads over 2 key/value heads
+    seen: list[str] = []
+    hook = tiny_model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation))
+    try:
+        decoder(tiny_model, tiny_tokenizer).generate(make_rows(tiny_tokenizer, 2, SamplingParams(max_tokens=3)))
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {NAME} and tiny_model.config._attn_implementation == "sdpa"
