@@ -45,9 +45,9 @@ def step_floor_bytes(policy: torch.nn.Module, master_params: list[torch.Tensor],
     weights = sum(p.numel() * p.element_size() for p in policy.parameters())
     grads = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad)
     moments = 8 * sum(p.numel() for p in master_params)
-    config = policy.config
-    logits = min(chunk_tokens, tokens if loss_tokens is None else loss_tokens) * config.vocab_size * 4
-    return weights + grads + masters + moments + activation_bytes(config, tokens, compute_bytes, stride) + logits
+    config: Any = policy.config
+    logits = min(chunk_tokens, tokens if loss_tokens is None else loss_tokens) * int(config.vocab_size) * 4
+    return int(weights + grads + masters + moments + activation_bytes(config, tokens, compute_bytes, stride) + logits)
 
 
 def micro_batch_tokens(config: Any, tokens_per_row: int, processes: int) -> int:

@@ -62,7 +62,7 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -343,9 +343,10 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
             "so logprobs are computed from its full logits, which needs more memory per batch."
         )
     if t.micro_batch_tokens and not varlen_attention(policy) and world.is_main:
+        attention = cast(Any, policy).config._attn_implementation
         print(
             f"note: trainer.micro_batch_tokens packs each micro-batch into rows as long as its longest sequence: "
-            f"attention '{policy.config._attn_implementation}' has no varlen kernel, so one packed row of "
+            f"attention '{attention}' has no varlen kernel, so one packed row of "
             f"{t.micro_batch_tokens} tokens would cost its square (flash-attn on CUDA packs one row)."
         )
     policy = shard(policy, world, where.dtype)  # [distributed] fsdp: parameters sharded across processes
