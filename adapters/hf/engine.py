@@ -300,16 +300,17 @@ class HFEngine:
     # ----------------------------------------------------------------------------------------------
     # weights
 
-    def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> int:
+    def update_weights(self, state_dict: dict[str, Any], version: int | None = None, *, verify: bool = False) -> int:
         """Copy ``state_dict`` (all or some of the model's tensors, by name) into the model.
 
         Every name and shape is checked before anything is copied, and the copy happens under
         ``weight_lock``, so a batch sees either the old or the new weights, never a mix: a batch
         running when the update arrives finishes under the old weights and reports the old version.
         Returns the new ``weight_version``: ``version`` when given (a trainer numbering its pushes),
-        else one more.
+        else one more. ``verify`` (a server taking pushes from outside): the replaced tensors are kept on
+        the host, one short forward is run on the new weights, and non-finite logits roll them back
+        (``InvalidRequestError``), all under the lock, so no batch ever samples them.
         """
-        import torch
 
         with self.weight_lock:
             own = self.model.state_dict()
@@ -325,14 +326,27 @@ class HFEngine:
                         f"update_weights got '{key}' with shape {tuple(value.shape)}, but the model's "
                         f"tensor has shape {tuple(own[key].shape)}."
                     )
-            with torch.no_grad():
-                for key, value in state_dict.items():
-                    own[key].copy_(value.detach())
+            backup = {key: own[key].detach().to("cpu", copy=True) for key in state_dict} if verify else {}
+            _copy_into(own, state_dict)
+            if verify and not self._logits_finite():
+                _copy_into(own, backup)
+                raise InvalidRequestError(
+                    "the pushed weights make the model's logits NaN or infinite on a one-token probe; they were "
+                    "rolled back, and the engine samples the weights it held before."
+                )
             self.weight_version = self.weight_version + 1 if version is None else version
             return self.weight_version
 
+    def _logits_finite(self) -> bool:
+        """One forward over two tokens (under ``weight_lock``): are the logits finite?"""
+        import torch
+
+        ids = torch.tensor([[self._pad_id, min(self.eos_token_ids, default=0)]], device=self.device)
+        with torch.inference_mode():
+            return bool(torch.isfinite(self.model(input_ids=ids).logits).all())
+
     async def aupdate_weights(
-        self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None
+        self, state_dict: dict[str, Any], policy: Any = None, version: int | None = None, *, verify: bool = False
     ) -> int:
         """``update_weights`` off the event loop (it waits for the running batch to finish).
 
@@ -340,7 +354,7 @@ class HFEngine:
         into this engine's plain copy of the base model first (``merge_adapter``).
         """
         def update() -> int:
-            return self.update_weights(self.merge_adapter(state_dict, policy), version)
+            return self.update_weights(self.merge_adapter(state_dict, policy), version, verify=verify)
 
         return await asyncio.to_thread(bound(self.device, update))
 
@@ -398,6 +412,14 @@ class HFEngine:
             f"max_batch_size={self.max_batch_size}, static_cache={self.static_cache}, "
             f"cuda_graphs={self.cuda_graphs}, weight_version={self.weight_version})"
         )
+
+
+def _copy_into(own: dict[str, Any], tensors: dict[str, Any]) -> None:
+    import torch
+
+    with torch.no_grad():
+        for key, value in tensors.items():
+            own[key].copy_(value.detach())
 
 
 def _context_window(model: Any, tokenizer: Any) -> int:

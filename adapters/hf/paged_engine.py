@@ -281,10 +281,10 @@ class PagedEngine(HFEngine):
         with self._model_alone(stop_manager=True):
             return super()._run_batch(rows)
 
-    def update_weights(self, state_dict: dict[str, Any], version: int | None = None) -> int:
+    def update_weights(self, state_dict: dict[str, Any], version: int | None = None, *, verify: bool = False) -> int:
         """``HFEngine.update_weights`` once no row is running (new rows wait for the copy)."""
         with self._model_alone(stop_manager=False):
-            return super().update_weights(state_dict, version)
+            return super().update_weights(state_dict, version, verify=verify)
 
     def mark_weights_updated(self) -> int:
         with self._model_alone(stop_manager=False):

@@ -6,7 +6,11 @@ A command runs as a child process in a process group of its own, with ``OPENAI_B
 ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` pointing at the session and the
 row as JSON on stdin, and an environment of its own (``agent_environment``): the agent being trained is
 untrusted code by nature, so it sees what a program needs to run and what the environment's author
-names, never the trainer's keys and tokens. Whatever happens — it exits, fails, outlives its deadline, or the rollout is
+names, never the trainer's keys and tokens. Nor can it read them where they live: it runs in PID and
+mount namespaces of its own (``bridges.runtime.isolate``), so ``/proc`` shows it no ancestor, neither
+the trainer's ``environ`` and ``mem`` nor those of the shell that exported the keys. Where the kernel
+refuses namespaces it runs directly, the trainer marks itself non-dumpable (its own environment and
+memory then unreadable to the agent unless it is root; py-spy needs root to attach), and says so once. Whatever happens — it exits, fails, outlives its deadline, or the rollout is
 cancelled — the whole group is killed before this returns, so nothing the agent started outlives
 its rollout (a grandchild that made a session of its own escapes; ``die_with_parent`` still ends
 the child itself if this process dies).
@@ -21,7 +25,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -78,9 +84,11 @@ INHERITED = frozenset({
 
 
 def is_secret(name: str) -> bool:
-    """A name that holds (or unlocks) a credential: ours (``BRIDGES_*``), keys, tokens, secrets."""
+    """A name that holds (or unlocks) a credential: ours (``BRIDGES_*``), keys, tokens, secrets, passwords
+    (``*PASSWORD*``, ``*PASS``, ``*PASSWD*``), credentials and private keys."""
     upper = name.upper()
-    return upper.startswith("BRIDGES_") or upper.endswith(("_KEY", "_TOKEN")) or "SECRET" in upper
+    return (upper.startswith("BRIDGES_") or upper.endswith(("_KEY", "_TOKEN", "PASS"))
+            or any(word in upper for word in ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE")))
 
 
 def agent_environment(at: Endpoint, extra: Mapping[str, str], inherit: Sequence[str] = ()) -> dict[str, str]:
@@ -97,10 +105,13 @@ async def run_command(
     argv: Sequence[str], at: Endpoint, row: dict[str, Any], timeout: float, env: Mapping[str, str],
     inherit: Sequence[str] = (),
 ) -> AgentOutcome:
-    """``argv`` with its own environment (``agent_environment``) and the row on stdin, bounded by ``timeout``."""
+    """``argv`` with its own environment (``agent_environment``) and the row on stdin, bounded by ``timeout``,
+    where it cannot see the processes that started it (``isolated_argv``)."""
+    if shutil.which(argv[0]) is None:
+        return AgentOutcome(error=f"the agent command {argv[0]!r} could not start: no such program.")
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            *await isolated_argv(argv), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env=agent_environment(at, env, inherit), preexec_fn=die_with_parent,
         )
     except OSError as exc:
@@ -123,6 +134,25 @@ async def run_command(
         last = text.strip().splitlines()[-1:] or ["no output"]
         return AgentOutcome(exit_code=code, output=text, error=f"the agent exited with code {code}: {last[0][:300]}")
     return AgentOutcome(exit_code=0, output=text)
+
+
+async def isolated_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` behind the namespace launcher where this kernel allows it; else ``argv`` as it is, the
+    trainer made non-dumpable, and one warning (the first time)."""
+    from bridges.runtime import isolate
+
+    if await asyncio.to_thread(isolate.available):
+        return [sys.executable, "-m", "bridges.runtime.isolate", "--", *argv]
+    if not _WARNED:
+        _WARNED.append(True)
+        isolate.mark_undumpable()
+        print("warning: this kernel refuses PID and mount namespaces, so command agents run beside the trainer's "
+              "processes: the trainer is now non-dumpable (its environment and memory unreadable to them unless "
+              "they run as root), but the environments of its ancestors are not.", file=sys.stderr, flush=True)
+    return list(argv)
+
+
+_WARNED: list[bool] = []
 
 
 async def _feed(process: asyncio.subprocess.Process, data: bytes) -> None:

@@ -22,6 +22,7 @@ import secrets
 from typing import Any
 
 from bridges.agents.sessions import Session, SessionRefusal
+from bridges.runtime import json_rules
 
 NAME = "Messages"
 # the top-level fields read here and their JSON types (null is taken as absent): checked before reading
@@ -149,10 +150,7 @@ def from_chat(payload: dict[str, Any], body: dict[str, Any], session: Session) -
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = None
+    _, parsed = json_rules.embedded(arguments)
     return parsed if isinstance(parsed, dict) else {"arguments": arguments}
 
 

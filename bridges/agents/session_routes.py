@@ -16,6 +16,7 @@ from bridges.agents import anthropic_dialect, responses_dialect
 from bridges.agents.sessions import Session, SessionRefusal, Sessions, answer_chat
 from bridges.agents.streams import chat_stream, sse
 from bridges.client.http_bodies import response_bytes, response_json
+from bridges.runtime import json_rules
 
 DIALECTS = {"responses": responses_dialect, "messages": anthropic_dialect}
 ROUTES = ("chat/completions", "responses", "messages")
@@ -59,11 +60,12 @@ def check_field_types(body: dict[str, Any], types: dict[str, tuple[str, ...]]) -
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request's JSON object, or the refusal that says why not."""
+    """The request's JSON object, held to the server's one JSON rule (``bridges.runtime.json_rules``:
+    depth, valid Unicode), or the refusal that says why not."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise SessionRefusal(400, "the request body is not valid JSON.", "invalid_json") from None
+        body = json_rules.loads(raw)
+    except json_rules.JsonRuleError as exc:
+        raise SessionRefusal(400, str(exc), "invalid_json") from None
     if not isinstance(body, dict):
         raise SessionRefusal(400, "the request body must be a JSON object.", "invalid_json")
     return body

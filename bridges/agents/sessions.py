@@ -11,7 +11,11 @@ so it can neither read nor add to another rollout's record.
 What a session refuses, each with one sentence: an unknown id (404); a closed one (410: its rollout
 has ended, so a late call cannot change what was trained); a call past its cap on calls, on sampled
 tokens or on prompt tokens summed over its calls (429; the rollout is then masked with that reason,
-since an agent cut off mid-work is not the agent's episode). A server's sessions also share a budget
+since an agent cut off mid-work is not the agent's episode). Caps hold under concurrent calls: a call
+reserves its share when admitted (``Reservation``): its ``max_tokens``, clamped to what the sampled
+cap leaves after every call in flight (so sampled tokens never pass the cap), and an upper bound of its
+prompt (its text's UTF-8 bytes), so a call is admitted only while the prompts recorded and in flight
+are below the cap (the last admitted call may pass it by its own prompt, never by more). A server's sessions also share a budget
 of recorded tokens (``TokenBudget``: what they hold in memory, 429 past it) and close after
 ``idle_s`` without a call (a crashed harness's sessions do not stay until restart).
 
@@ -62,6 +66,25 @@ def recorded_bytes(response: Any, prompt: int, sampled: int) -> int:
     return BYTES_PER_PROMPT_TOKEN * prompt + BYTES_PER_SAMPLED_TOKEN * sampled + BYTES_PER_TOP_LOGPROB * alternatives
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """What one admitted call may still take from its session's caps: its index among the session's calls
+    (its seed's offset), the tokens it may sample, and an upper bound of its prompt."""
+
+    call: int
+    sampled: int
+    prompt: int
+
+
+def prompt_bound(messages: Any, tools: Any) -> int:
+    """An upper bound of a prompt's tokens: its text's UTF-8 bytes (a byte-level vocabulary's token covers at
+    least one byte) and the tools' JSON, plus 16 a message for the template's markers."""
+    import json
+
+    text = json.dumps([messages, tools], ensure_ascii=False, default=str)
+    return len(text.encode("utf-8", "surrogatepass")) + 16 * (len(messages) if isinstance(messages, list) else 1)
+
+
 class SessionRefusal(Exception):
     """A call a session does not answer: the HTTP status and one sentence in OpenAI's error shape."""
 
@@ -98,7 +121,9 @@ class Session:
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)  # each answered call's messages
     sampled_tokens: int = 0
     prompt_tokens: int = 0
-    held_bytes: int = 0  # recorded_bytes of its calls, counted against ``budget``
+    reserved_sampled: int = 0  # max_tokens of the calls in flight
+    reserved_prompt: int = 0  # upper bounds of the prompts in flight
+    held_bytes: int = 0  # recorded_bytes of its calls and its settings, counted against ``budget``
     calls_started: int = 0
     last_used: float = field(default_factory=time.monotonic)
     over_cap: str | None = None  # why the rollout is masked: the agent went past a cap
@@ -111,23 +136,40 @@ class Session:
             return []
         return [*to_message_dicts(self.conversations[-1]), to_message_dict(self.responses[-1].choices[0].message)]
 
-    def admit(self) -> None:
-        """Count a call in, or refuse it (closed, or past a cap)."""
+    def admit(self, max_tokens: int | None, prompt_bound: int) -> Reservation:
+        """Count a call in with its reservation, or refuse it (closed, or past a cap). ``max_tokens``: what
+        the call may sample (None: as much as the engine allows); ``prompt_bound``: its prompt at most."""
         if self.closed:
             raise closed_refusal()
         self.last_used = time.monotonic()
+        room = self.max_sampled_tokens - self.sampled_tokens - self.reserved_sampled
         if self.calls_started >= self.max_calls:
             self.over_cap = f"the agent made more than {self.max_calls} model calls (max_calls)."
-        elif self.sampled_tokens >= self.max_sampled_tokens:
+        elif room <= 0:
             self.over_cap = f"the agent's calls sampled more than {self.max_sampled_tokens} tokens (max_sampled_tokens)."
-        elif self.max_prompt_tokens is not None and self.prompt_tokens >= self.max_prompt_tokens:
+        elif self.max_prompt_tokens is not None and self.prompt_tokens + self.reserved_prompt >= self.max_prompt_tokens:
             self.over_cap = f"the agent's prompts summed to more than {self.max_prompt_tokens} tokens (max_prompt_tokens)."
         if self.over_cap is not None:
             raise SessionRefusal(429, f"this session is over its cap: {self.over_cap}", "session_cap")
         if self.budget is not None and self.budget.used >= self.budget.limit:
             raise SessionRefusal(429, f"this server's sessions hold {self.budget.limit / 2**30:.1f} GiB of records, "
                                  "the most it keeps; close finished sessions.", "server_sessions_full")
+        ticket = Reservation(self.calls_started, room if max_tokens is None else min(max_tokens, room), prompt_bound)
         self.calls_started += 1
+        self.reserved_sampled += ticket.sampled
+        self.reserved_prompt += ticket.prompt
+        return ticket
+
+    def release(self, ticket: Reservation) -> None:
+        """The call ended (answered or not): its reservation is given back."""
+        self.reserved_sampled -= ticket.sampled
+        self.reserved_prompt -= ticket.prompt
+
+    def charge(self, nbytes: int) -> None:
+        """``nbytes`` more held by this session, against the server's budget."""
+        self.held_bytes += nbytes
+        if self.budget is not None:
+            self.budget.used += nbytes
 
     def record(self, messages: list[Any], response: Any) -> None:
         """Keep one answered call. ``messages`` are kept as sent (each request's own parsed body, never
@@ -142,10 +184,7 @@ class Session:
         sampled, prompt = int(getattr(usage, "completion_tokens", 0) or 0), int(getattr(usage, "prompt_tokens", 0) or 0)
         self.sampled_tokens, self.prompt_tokens = self.sampled_tokens + sampled, self.prompt_tokens + prompt
         self.last_used = time.monotonic()
-        held = recorded_bytes(response, prompt, sampled)
-        self.held_bytes += held
-        if self.budget is not None:
-            self.budget.used += held
+        self.charge(recorded_bytes(response, prompt, sampled))
 
 
 class Sessions:
@@ -200,9 +239,65 @@ class Sessions:
         return len(self._open)
 
 
-def chat_arguments(session: Session, body: dict[str, Any]) -> dict[str, Any]:
-    """The ``create`` arguments for an agent's Chat Completions body: the agent's, under the rollout's
-    sampling arguments and model; never streamed (a stream is re-cut from the recorded response)."""
+NOT_SESSION_SETTINGS = ("messages", "model", "stream", "stream_options")
+MIN_SESSION_TIMEOUT_S = 1.0  # a session's timeout bounds every call it answers: below this, every call is a 504
+SETTINGS_BYTES_PER_JSON_BYTE = 4  # parsed objects over their JSON text (strings ~1, small lists and dicts more)
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")  # what renders
+
+
+def session_sampling(sampling: Any) -> dict[str, Any]:
+    """A session's sampling arguments (``POST /v1/sessions``'s ``sampling``), checked when it opens by the
+    rules every call's are checked by, so a session that opened never fails its calls for its settings:
+    the ``create`` keyword arguments to force on every call (documented no-ops dropped). ``SessionRefusal``
+    (400) names what is wrong: a key that is not a sampling argument, an unknown key, a bad value."""
+    from openai import BadRequestError
+    from openai.resources.chat.completions import AsyncCompletions
+
+    from bridges.client.arguments import NO_OPS, integral, parse_chat
+
+    if not isinstance(sampling, dict):
+        raise SessionRefusal(400, "'sampling' must be an object of sampling arguments.", "invalid_session")
+    for key in NOT_SESSION_SETTINGS:
+        if key in sampling:
+            raise SessionRefusal(400, f"'sampling.{key}' is not a sampling argument: a session's calls choose it.",
+                                 "invalid_session")
+    if "n" in sampling and integral(sampling["n"]) != 1:
+        raise SessionRefusal(400, "'sampling.n' must be 1: a rollout samples one reply per call.", "invalid_session")
+    timeout = sampling.get("timeout")
+    if timeout is not None and (integral(timeout) is None and not isinstance(timeout, float)
+                                or isinstance(timeout, bool) or not timeout >= MIN_SESSION_TIMEOUT_S):
+        raise SessionRefusal(400, f"'sampling.timeout' must be at least {MIN_SESSION_TIMEOUT_S:.0f} second: it bounds "
+                             "every call of the session.", "invalid_session")
+    kept = {k: v for k, v in sampling.items() if k not in NO_OPS and k not in ("n", "timeout")}
+    forced = split_kwargs(kept, AsyncCompletions.create)
+    if timeout is not None:  # the SDK's own keyword (split_kwargs sends a body's "timeout" as an extra key)
+        forced["timeout"] = float(timeout)
+    try:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "model": "session", **forced})
+    except BadRequestError as exc:
+        raise SessionRefusal(400, f"'sampling': {error_body(exc)[1]['error'].get('message')}", "invalid_session") from None
+    except TypeError as exc:
+        raise SessionRefusal(400, f"'sampling': {' '.join(str(exc).split())}", "invalid_session") from None
+    return forced
+
+
+def settings_bytes(forced: dict[str, Any]) -> int:
+    """What a session's forced sampling arguments hold in memory, estimated from their JSON size."""
+    import json
+
+    return SETTINGS_BYTES_PER_JSON_BYTE * len(json.dumps(forced, default=str))
+
+
+def rendered_messages(messages: list[Any]) -> list[Any]:
+    """Each message with only the keys a chat template renders (``MESSAGE_KEYS``): an unrendered key
+    (``"junk": <8 MiB>``) would otherwise be kept in the session's record, uncounted."""
+    return [{k: m[k] for k in MESSAGE_KEYS if k in m} if isinstance(m, dict) else m for m in messages]
+
+
+def chat_arguments(session: Session, body: dict[str, Any], call: int = 0) -> dict[str, Any]:
+    """The ``create`` arguments for an agent's Chat Completions body (call number ``call`` of the session):
+    the agent's, under the rollout's sampling arguments and model; never streamed (a stream is re-cut from
+    the recorded response)."""
     from openai.resources.chat.completions import AsyncCompletions
 
     problem = tool_calls_problem(body)
@@ -212,9 +307,10 @@ def chat_arguments(session: Session, body: dict[str, Any]) -> dict[str, Any]:
         raise SessionRefusal(400, "'n' must be 1 on a session: a rollout samples one reply per call.", "invalid_n")
     body = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "model")}
     kwargs = split_kwargs(body, AsyncCompletions.create)
+    kwargs["messages"] = rendered_messages(kwargs["messages"])
     for key, value in session.forced.items():
         if key == "seed" and isinstance(value, int) and not isinstance(value, bool):
-            kwargs["seed"] = value + SEED_STRIDE * (session.calls_started - 1)
+            kwargs["seed"] = value + SEED_STRIDE * call
         elif key == "extra_body" and isinstance(value, dict):
             kwargs["extra_body"] = {**kwargs.get("extra_body", {}), **value}
         elif key != "n":
@@ -231,9 +327,14 @@ async def answer_chat(session: Session, body: dict[str, Any]) -> tuple[int, dict
     caller that sends it as it is serialises it once (``response_bytes``)."""
     if not isinstance(body.get("messages"), list):
         return 400, SessionRefusal(400, "'messages' must be a list.", "invalid_messages").body(), None
+    ticket = None
     try:
-        session.admit()
-        kwargs = chat_arguments(session, body)
+        asked = _max_tokens(session.forced, body)
+        ticket = session.admit(asked, prompt_bound(body["messages"], body.get("tools")))
+        kwargs = chat_arguments(session, body, ticket.call)
+        if asked is None or ticket.sampled < asked:  # what the sampled cap leaves (checked like any max_tokens)
+            kwargs["max_tokens"] = ticket.sampled
+            kwargs.pop("max_completion_tokens", None)
         response = await session.client.chat.completions.create(**kwargs)
         session.record(kwargs["messages"], response)
     except SessionRefusal as refusal:
@@ -242,4 +343,20 @@ async def answer_chat(session: Session, body: dict[str, Any]) -> tuple[int, dict
         return 400, SessionRefusal(400, " ".join(str(exc).split()), "invalid_argument").body(), None
     except Exception as exc:  # the engine's refusal (400 prompt too long, 504 timeout...), as serve sends it
         return (*error_body(exc), None)
+    finally:
+        if ticket is not None:
+            session.release(ticket)
     return 200, None, response
+
+
+def _max_tokens(forced: dict[str, Any], body: dict[str, Any]) -> int | None:
+    """The tokens a call asks to sample at most: the rollout's ``max_tokens`` (it wins), else the agent's;
+    None when neither says (a malformed value is left for the call's own check to refuse)."""
+    from bridges.client.arguments import integral
+
+    for source in (forced, body):
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = integral(source.get(key))
+            if value is not None and value > 0:
+                return value
+    return None

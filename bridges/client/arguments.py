@@ -30,7 +30,7 @@ _CHAT_SDK_PARAMS = frozenset(inspect.signature(_SDKChatCompletions.create).param
 _COMPLETION_SDK_PARAMS = frozenset(inspect.signature(_SDKCompletions.create).parameters) - {"self"}
 CHAT_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_drift", "return_token_ids", "declared_tools_only")
 COMPLETION_EXTRA_BODY_KEYS = ("top_k", "stop_token_ids", "return_token_ids")
-_NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
+NO_OPS = frozenset({"user", "metadata", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
 _IGNORED = frozenset({"extra_headers", "extra_query"})  # transport-level: nothing to send them over
 _ZERO_OK = frozenset({"presence_penalty", "frequency_penalty"})
 _FALSE_OK = frozenset({"store", "echo"})
@@ -230,13 +230,21 @@ def _stop(value: Any, path: str) -> list[str]:
     raise _bad(f"'stop' must be a string or a list of non-empty strings, got {value!r}.", "stop", path)
 
 
-def _timeout(value: Any) -> float | None:
+MAX_TIMEOUT_S = 86_400.0
+
+
+def _timeout(value: Any, path: str) -> float | None:
+    """Seconds a call may take: a finite number above 0 (a day at most), or an httpx ``Timeout`` (its read
+    timeout bounds the answer). NaN would never time out and 0 or less would time out at once: refused."""
     if is_absent(value):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    read = getattr(value, "read", None)  # an httpx Timeout: the read timeout bounds the answer
-    return float(read) if isinstance(read, (int, float)) else None
+    read = value if isinstance(value, (int, float)) else getattr(value, "read", None)
+    if read is None and not isinstance(value, (str, list, dict)):
+        return None  # an httpx Timeout without a read timeout: no bound
+    if isinstance(read, bool) or not isinstance(read, (int, float)) or not 0 < read <= MAX_TIMEOUT_S:
+        raise _bad(f"'timeout' must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, got {value!r:.40}.",
+                   "timeout", path)
+    return float(read)
 
 
 def _refuse(name: str, value: Any, path: str) -> Exception:
@@ -288,7 +296,7 @@ def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -
     """Everything without its own handling: a no-op, a default value, or refused by name."""
     if name not in sdk_params:
         raise TypeError(f"create() got an unexpected keyword argument '{name}'")
-    if name in _NO_OPS or name in _IGNORED or is_absent(value):
+    if name in NO_OPS or name in _IGNORED or is_absent(value):
         return
     if name in _FALSE_OK and value is False:
         return
@@ -450,7 +458,7 @@ def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
         if name in ("messages", "model"):
             continue
         if name == "timeout":
-            request.timeout = _timeout(value)
+            request.timeout = _timeout(value, path)
         elif is_absent(value):
             _check_other(name, value, _CHAT_SDK_PARAMS, path)
         else:
@@ -506,7 +514,7 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
         if name in ("prompt", "model"):
             continue
         if name == "timeout":
-            request.timeout = _timeout(value)
+            request.timeout = _timeout(value, path)
         elif is_absent(value):
             _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
         else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from bridges.runtime import json_rules
+
 _PARAMS_CACHE: dict[Any, frozenset[str]] = {}
 
 
@@ -69,4 +71,10 @@ def tool_calls_problem(body: dict[str, Any]) -> tuple[str, str] | None:
                     f"'{where}' must have a string 'id', 'type': 'function' and a 'function' with string "
                     "'name' and 'arguments'."
                 )
+            where = f"messages[{i}].tool_calls[{j}].function.arguments"
+            try:  # JSON inside a string is held to the body's own rule; text that is not JSON stays text
+                json_rules.loads(function["arguments"], f"'{where}'")
+            except json_rules.JsonRuleError as exc:
+                if exc.kind != "json":
+                    return where, str(exc)
     return None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridges.envs.messages import read_field
+from bridges.runtime import json_rules
 
 _HASH_SEED = "rl-bridges-ledger-v1"
 
@@ -27,9 +28,8 @@ _HASH_SEED = "rl-bridges-ledger-v1"
 def _canonical_arguments(arguments: Any) -> str:
     """Arguments compared as JSON values, so re-serialised (but equal) arguments still match."""
     if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments)
-        except ValueError:
+        parsed, value = json_rules.embedded(arguments)  # within the depth rule, or compared as text
+        if not parsed:
             return arguments
     else:
         value = arguments

@@ -29,6 +29,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from bridges.runtime import json_rules
+
 TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "deepseek_v3")
 
 _HERMES_OPEN = "<tool_call>"
@@ -94,7 +96,7 @@ def _recover_name(text: str) -> str:
         return ""
     try:
         return json.loads(f'"{match.group(1)}"')
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested thousands deep is text, not a crash
         return match.group(1)
 
 
@@ -107,7 +109,7 @@ def _call_from_json(
         obj, end = _DECODER.raw_decode(text)
         if text[end:].strip() or not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise ValueError("not a single tool-call object")
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested thousands deep is text, not a crash
         return ParsedToolCall(tool_call_id(token_ids, index), _recover_name(text), text, valid=False)
     arguments: object = {}
     for key in args_keys:
@@ -153,7 +155,7 @@ def parse_llama3_json(text: str, token_ids: Sequence[int]) -> ParsedReply:
     while pos < len(body):
         try:
             obj, end = _DECODER.raw_decode(body, pos)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj, end = None, -1
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             if calls or tagged or _NAME_RE.search(body, pos):
@@ -187,7 +189,7 @@ def parse_mistral(text: str, token_ids: Sequence[int]) -> ParsedReply:
             or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items)
         ):
             raise ValueError("not a list of tool-call objects")
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply nested thousands deep is text, not a crash
         return ParsedReply(content, [_call_from_json(body, token_ids, 0, ("arguments",))])
     calls = [
         ParsedToolCall(tool_call_id(token_ids, i), item["name"], _dump_arguments(item.get("arguments", {})))
@@ -207,9 +209,7 @@ def _deepseek_call(block: str, token_ids: Sequence[int], index: int) -> ParsedTo
     arguments = (
         arguments[: -len(_DEEPSEEK_FENCE_CLOSE)] if arguments.endswith(_DEEPSEEK_FENCE_CLOSE) else arguments
     )
-    try:
-        json.loads(arguments)
-    except ValueError:
+    if not json_rules.embedded(arguments)[0]:
         return ParsedToolCall(call_id, name, arguments, valid=False)
     return ParsedToolCall(call_id, name, arguments)
 

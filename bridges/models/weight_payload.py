@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from bridges.runtime import json_rules
 from bridges.runtime.errors import BridgesError, require_extra
 
 KINDS = ("full", "lora")
@@ -65,19 +66,21 @@ def checked_run(value: Any) -> str:
 
 
 def checked_scaling(raw: Any) -> dict[str, float]:
-    """Per-layer LoRA scalings: a JSON object of finite numbers."""
+    """Per-layer LoRA scalings: a JSON object of finite numbers (an integer past float's range, 10**400,
+    is refused like an infinity)."""
     try:
         scaling = {str(k): float(v) for k, v in dict(raw or {}).items()}
-    except (ValueError, TypeError):
-        raise WeightPayloadError("the payload's scaling must be a JSON object of numbers.") from None
+    except (ValueError, TypeError, OverflowError):
+        raise WeightPayloadError("the payload's scaling must be a JSON object of finite numbers.") from None
     if not all(math.isfinite(v) for v in scaling.values()):
         raise WeightPayloadError("the payload's scaling holds NaN or an infinite number.")
     return scaling
 
 
 def check_values(tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor] | None) -> None:
-    """Every tensor finite, and floating point where the model's is (``state``; every one without it):
-    a NaN, an infinity or an integer tensor cast into a weight would break every request after it."""
+    """Every tensor finite in the dtype the model keeps it in (``state``'s; as sent without it), and floating
+    point where the model's is: a NaN, an infinity or an integer tensor cast into a weight would break every
+    request after it, and a float64 1e300 is finite only until it becomes the model's float32."""
     for name, value in tensors.items():
         own = state.get(name) if state is not None else None
         floating = own.is_floating_point() if own is not None else True
@@ -86,8 +89,11 @@ def check_values(tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor
             raise WeightPayloadError(
                 f"the payload's '{name[:160]}' is {str(value.dtype).removeprefix('torch.')}; this model's is {kind}."
             )
-        if floating and not bool(torch.isfinite(value).all()):
-            raise WeightPayloadError(f"the payload's '{name[:160]}' holds NaN or infinite values.")
+        target = own.dtype if floating and own is not None else value.dtype
+        kept = value.to(target) if target != value.dtype else value
+        if floating and not bool(torch.isfinite(kept).all()):
+            where = f" once cast to the model's {str(target).removeprefix('torch.')}" if kept is not value else ""
+            raise WeightPayloadError(f"the payload's '{name[:160]}' holds NaN or infinite values{where}.")
 
 
 def encode(payload: Payload) -> bytes:
@@ -113,8 +119,8 @@ def decode(data: bytes) -> Payload:
     try:
         tensors = load(data)
         header_size = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8 : 8 + header_size]).get("__metadata__") or {}
-    except (SafetensorError, ValueError, UnicodeDecodeError, OverflowError) as exc:
+        metadata = json_rules.loads(data[8 : 8 + header_size], "the safetensors header").get("__metadata__") or {}
+    except (SafetensorError, ValueError, UnicodeDecodeError, OverflowError, AttributeError) as exc:
         raise WeightPayloadError(
             f"the body is not a safetensors file ({' '.join(str(exc).split())[:200]})."
         ) from None
@@ -123,9 +129,9 @@ def decode(data: bytes) -> Payload:
         raise WeightPayloadError(f"the payload's metadata must say kind 'full' or 'lora', not {str(kind)[:40]!r}.")
     version, run = checked_version(metadata.get("version", "")), checked_run(metadata.get("run"))
     try:
-        raw_scaling = json.loads(metadata.get("scaling") or "{}")
-    except ValueError:
-        raise WeightPayloadError("the payload's scaling must be a JSON object of numbers.") from None
+        raw_scaling = json_rules.loads(str(metadata.get("scaling") or "{}"), "the payload's scaling")
+    except json_rules.JsonRuleError as exc:
+        raise WeightPayloadError(f"{exc} It must be a JSON object of numbers.") from None
     return Payload(kind, version, tensors, checked_scaling(raw_scaling), run)
 
 
@@ -139,14 +145,19 @@ class LoraMerger:
         self.base: dict[str, torch.Tensor] = {}  # weight name -> its last full value, for adapted layers
 
     def tensors(self, payload: Payload) -> dict[str, torch.Tensor]:
-        """Checked names and shapes; for ``lora`` the merged weights. Raises ``WeightPayloadError``."""
+        """Checked names and shapes; for ``lora`` the merged weights. Raises ``WeightPayloadError``. Changes
+        nothing: ``commit`` once the model took them."""
         if payload.kind == "full":
             _check_shapes(self.state, payload.tensors)
+            return payload.tensors
+        return {f"{module}.weight": self._merged(module, payload) for module in _modules(payload)}
+
+    def commit(self, payload: Payload) -> None:
+        """The model took ``payload``: a full tensor of an adapted layer is that layer's base from now on."""
+        if payload.kind == "full":
             for name, value in payload.tensors.items():
                 if name in self.base:
                     self.base[name] = self._kept(name, value)
-            return payload.tensors
-        return {f"{module}.weight": self._merged(module, payload) for module in _modules(payload)}
 
     def _merged(self, module: str, payload: Payload) -> torch.Tensor:
         name = f"{module}.weight"

@@ -7,14 +7,15 @@ the engine and the client and hands them here.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from bridges.client.arguments import integral
 from bridges.client.http_bodies import response_json, split_kwargs, tool_calls_problem
+from bridges.runtime import json_rules
 from bridges.runtime.http_server import ServerThread, bearer_matches, check_bind
 from bridges.server.sessions import SessionEndpoints
 from bridges.server.weights import DEFAULT_MAX_WEIGHTS_BYTES, WeightEndpoints
@@ -28,6 +29,7 @@ class ServeLimits:
     max_body_bytes: int = 8 * 1024 * 1024
     max_n: int = 16
     access_log: bool = False
+    public_url: str | None = None  # what sessions' base_url starts with; None: the bound address
 
 
 def _error_response(
@@ -72,13 +74,15 @@ async def _read_limited(request: Any, limit: int, option: str) -> bytes:
                              "body_too_large") from None
 
 
-_SESSION_IN_PATH = re.compile(r"^(/s/|/v1/sessions/)[^/]+")
+# a segment after "s" or "sessions" anywhere in the path (//s/ID, /v1/../s/ID, /./s/ID reach the same
+# routes or a 404), and any segment shaped like an id (24+ URL-safe characters), wherever it appears
+_SESSION_IN_PATH = re.compile(r"(?<=/)(?:(s|sessions)/[^/]+|[A-Za-z0-9_-]{24,})(?=/|$)")
 
 
 def logged_path(path: str) -> str:
     """``path`` as the access log prints it: a session id is its capability (whoever reads the log could
-    call the session), so it is left out."""
-    return _SESSION_IN_PATH.sub(r"\1<session>", path)
+    call the session), so it is left out wherever it appears."""
+    return _SESSION_IN_PATH.sub(lambda m: f"{m.group(1)}/<session>" if m.group(1) else "<session>", path)
 
 
 def _access_log(app: Any) -> Any:
@@ -137,13 +141,11 @@ class _Endpoints:
         from bridges.agents.sessions import SessionRefusal
 
         try:
-            body = json.loads(await self.read_raw(request))
+            body = json_rules.loads(await self.read_raw(request))
         except SessionRefusal as refusal:  # past max_body_bytes
             return _error_response(refusal.status, refusal.message, refusal.code)
-        except RecursionError:
-            return _error_response(400, "the request body is nested too deeply.")
-        except (ValueError, UnicodeDecodeError):
-            return _error_response(400, "the request body is not valid JSON.")
+        except json_rules.JsonRuleError as exc:  # not JSON, nested too deeply, or not Unicode
+            return _error_response(400, str(exc), param=exc.where)
         if not isinstance(body, dict):
             return _error_response(400, "the request body must be a JSON object.")
         for key in required:
@@ -154,8 +156,8 @@ class _Endpoints:
                 404, f"the model '{body['model']!s:.80}' does not exist; this server serves {', '.join(self.names)}.",
                 "model_not_found", param="model",
             )
-        n = body.get("n")
-        if isinstance(n, int) and not isinstance(n, bool) and n > self.limits.max_n:
+        n = integral(body.get("n"))  # by value: 40.0 is 40 (JSON has one number type)
+        if n is not None and n > self.limits.max_n:
             return _error_response(
                 400, f"'n' must be at most {self.limits.max_n} on this server (max_n).", param="n"
             )
@@ -291,7 +293,7 @@ def create_app(
     weights = WeightEndpoints(client.engine, updates.key, updates.model, _read_limited, updates.max_bytes,
                               updates.channel_hosts)
     e = _Endpoints(client, api_key, limits, identity or {}, weights)
-    sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw)
+    sessions = SessionEndpoints(client, e.names[0], e.unauthorized, e.read_raw, limits.public_url)
     routes = [
         *sessions.routes(),
         *weights.routes(),
@@ -303,6 +305,7 @@ def create_app(
         Route("/openapi.json", e.openapi, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+    app.router.redirect_slashes = False  # its 307 would point at whatever the Host header said: a 404 instead
     return _access_log(app) if limits.access_log else app
 
 

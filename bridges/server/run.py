@@ -57,6 +57,10 @@ class ServeConfig:
         None, help="comma-separated trainer hosts a weight channel may join besides the address its request came from"
     )
     access_log: bool = option(True, help="one line per request on stderr: method, path, status, latency")
+    public_url: str | None = option(
+        None, help="the URL clients reach this server at (behind a proxy or NAT): sessions' base_url starts with "
+        "it; default: the bound address (the machine's name when bound to all interfaces), never a Host header",
+    )
     log_level: str = option("warning", help="uvicorn's log level")
 
 
@@ -108,7 +112,7 @@ def serve(config: ServeConfig) -> int:
         tool_parser=None if config.tool_parser == "auto" else config.tool_parser,
         family=None if config.family == "auto" else config.family,
     )
-    limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log)
+    limits = ServeLimits(names, config.max_body_bytes, config.max_n, config.access_log, config.public_url)
     hosts = tuple(h.strip() for h in (config.channel_hosts or "").split(",") if h.strip())
     updates = WeightUpdates(
         config.weights_key, engine.model if config.engine == "hf" else None, config.max_weights_bytes, hosts
@@ -120,7 +124,8 @@ def serve(config: ServeConfig) -> int:
         f"serving '{client.model_name}' ({config.engine} engine) at http://{config.host}:{config.port}/v1",
         flush=True,
     )
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    # uvicorn's own access lines would print session ids; ours (access_log) masks them
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
     _leave_hung_joins()
     return 0
 

@@ -18,8 +18,13 @@ over its calls: a multi-turn agent resends its history) up to the ``CEILINGS``; 
 hold at most ``MEMORY_BUDGET`` bytes of records (``sessions.recorded_bytes``: 80 bytes a prompt token,
 300 a sampled one, 750 more for each of its top_logprobs alternatives, measured on the hf engine);
 a session with no call for ``IDLE_S`` is closed. At the default caps a session holds at most about
-60 MB without top_logprobs (a cap is checked before each call, so the last call may pass it by one
-prompt and one reply).
+60 MB without top_logprobs. Caps hold under concurrent calls (``sessions.Reservation``): sampled tokens
+never pass theirs (a call's ``max_tokens`` is clamped to what is left), prompts pass theirs by at most
+the last admitted call's. A session's settings are checked when it opens by the rules its calls are
+checked by (``session_sampling``), and what it keeps of them counts against the budget.
+
+Its ``base_url`` starts with the server's ``public_url``, else the address it is bound to, never the
+request's ``Host`` header (a client could otherwise point an agent's calls anywhere).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from bridges.agents.sessions import (
     SessionRefusal,
     Sessions,
     TokenBudget,
+    session_sampling,
+    settings_bytes,
 )
 
 MAX_OPEN_SESSIONS = 1024
@@ -72,8 +79,9 @@ def session_record(session: Session) -> dict[str, Any]:
 class SessionEndpoints:
     """The session routes of one server, over its client; ``guard`` is the server's API-key check."""
 
-    def __init__(self, client: Any, model: str, guard: Any, read_body: Any) -> None:
+    def __init__(self, client: Any, model: str, guard: Any, read_body: Any, public_url: str | None = None) -> None:
         self.client, self.model, self.guard, self.read_body = client, model, guard, read_body
+        self.public_url = public_url.rstrip("/") if public_url else None
         self.sessions = Sessions(idle_s=IDLE_S, budget=TokenBudget(MEMORY_BUDGET))
 
     async def open(self, request: Any) -> Any:
@@ -87,17 +95,39 @@ class SessionEndpoints:
             if len(self.sessions) >= MAX_OPEN_SESSIONS:
                 raise SessionRefusal(429, f"{MAX_OPEN_SESSIONS} sessions are open, the most this server keeps; "
                                      "close finished ones with DELETE /v1/sessions/{id}.", "too_many_sessions")
-            sampling = body.get("sampling", {})
-            if not isinstance(sampling, dict):
-                raise SessionRefusal(400, "'sampling' must be an object of sampling arguments.", "invalid_session")
+            forced = session_sampling(body.get("sampling", {}))
             caps = (_cap(body, "max_calls", MAX_CALLS), _cap(body, "max_sampled_tokens", MAX_SAMPLED_TOKENS),
                     _cap(body, "max_prompt_tokens", MAX_PROMPT_TOKENS))
+            unknown = sorted(set(body) - {"sampling", *CEILINGS})
+            if unknown:
+                raise SessionRefusal(400, f"'{unknown[0][:80]}' is not a session setting; a session takes sampling, "
+                                     f"{', '.join(CEILINGS)}.", "invalid_session")
+            held = settings_bytes(forced)  # the settings a session keeps count against the server's budget
+            budget = self.sessions.budget
+            if budget is not None and budget.used + held > budget.limit:
+                raise SessionRefusal(429, f"this server's sessions hold {budget.limit / 2**30:.1f} GiB of records "
+                                     "and settings, the most it keeps; close finished sessions.", "server_sessions_full")
         except SessionRefusal as refusal:
             return _starlette(session_routes.refusal_reply(refusal.status, refusal.message, refusal.code))
-        session = self.sessions.open(self.client, self.model, sampling, *caps)
-        root = f"{str(request.base_url).rstrip('/')}/s/{session.id}"
+        session = self.sessions.open(self.client, self.model, forced, *caps)
+        session.charge(held)
+        root = f"{self.root_url(request)}/s/{session.id}"
         payload = {"id": session.id, "base_url": f"{root}/v1", "anthropic_base_url": root}
         return _starlette(session_routes.json_reply(201, payload))
+
+    def root_url(self, request: Any) -> str:
+        """Where clients reach this server: ``public_url``, else the address the server is bound to (the
+        machine's name when bound to every interface), never the request's ``Host`` header, which the
+        client chooses (a base_url built from it could send an agent's calls anywhere)."""
+        if self.public_url:
+            return self.public_url
+        import socket
+
+        host, port = request.scope.get("server") or ("127.0.0.1", 80)
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}"
 
     async def record(self, request: Any) -> Any:
         """GET: the session's record; DELETE: the same, and the session is closed."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import math
 import sys
 from typing import Any
@@ -54,11 +53,13 @@ from bridges.models.weight_payload import (
     decode,
     tied_names,
 )
+from bridges.runtime import json_rules
 from bridges.runtime.http_server import bearer_matches
 from bridges.runtime.usercode import DaemonPool, call_user
 
 DEFAULT_MAX_WEIGHTS_BYTES = 64 * 1024**3
 MAX_JOIN_S = 600.0
+MAX_JOIN_BYTES = 64 * 1024  # a join is a host, a port, a prefix and a timeout
 MAX_HUNG_JOINS = 4  # joins past their timeout whose threads are still stuck: then joins are refused
 CHANNEL_THREADS = DaemonPool(2, "bridges-weight-channel")
 CHANNEL_FAILED = "the weight channel failed; join it again."
@@ -122,13 +123,17 @@ class WeightEndpoints:
         and answered at once; the group completes in the background as the trainer opens its side."""
         from starlette.responses import JSONResponse
 
+        from bridges.agents.sessions import SessionRefusal
+
         refused = self._refusal(request)
         if refused is not None:
             return refused
         try:
             where, backend, timeout_s = _join_request(
-                await self.read_body(request, 64 * 1024, "a channel join's limit")
+                await self.read_body(request, MAX_JOIN_BYTES, "a channel join's limit")
             )
+        except SessionRefusal as too_large:  # 413, as on every other route
+            return _error(too_large.status, too_large.message, too_large.code)
         except WeightPayloadError as exc:
             return _error(400, str(exc), "invalid_channel")
         peer = request.client.host if request.client is not None else ""
@@ -149,10 +154,11 @@ class WeightEndpoints:
 
     async def _channel_push(self, raw: bytes) -> Any:
         try:
-            manifest = Manifest.from_json(json.loads(raw))
-        except (ValueError, RecursionError, WeightPayloadError) as exc:
-            return _error(400, str(exc) if isinstance(exc, WeightPayloadError) else "the manifest is not JSON.",
-                          "invalid_weights")
+            manifest = Manifest.from_json(json_rules.loads(raw, "the manifest"))
+        except (ValueError, OverflowError, TypeError) as exc:  # JsonRuleError and WeightPayloadError say why
+            message = str(exc) if isinstance(exc, (WeightPayloadError, json_rules.JsonRuleError)) else (
+                "the manifest is not a weight manifest.")
+            return _error(400, message, "invalid_weights")
         if manifest.nbytes() > self.max_bytes:
             return _error(413, f"the pushed tensors are larger than {self.max_bytes} bytes (max_weights_bytes).",
                           "body_too_large")
@@ -203,9 +209,14 @@ class WeightEndpoints:
             return stale
         try:
             tensors = await asyncio.to_thread(self._tensors, payload)  # a merge is a matmul per layer
-            await self.engine.aupdate_weights(tensors, version=payload.version)
+            # an engine in this process probes the new weights (one forward) and rolls back what makes
+            # its logits non-finite: finite weights can still overflow (a norm weight of 3e38)
+            verify = {"verify": True} if self.state is not None else {}
+            await self.engine.aupdate_weights(tensors, version=payload.version, **verify)
         except (WeightPayloadError, ValueError) as exc:  # the engine's own name/shape check is a ValueError
             return _error(400, " ".join(str(exc).split()), "invalid_weights")
+        if self.merger is not None:
+            self.merger.commit(payload)
         self.run = payload.run
         return JSONResponse({"weight_version": payload.version, "tensors": len(tensors)})
 
@@ -234,7 +245,7 @@ class WeightEndpoints:
 def _join_request(raw: bytes) -> tuple[tuple[str, int, str], str, float]:
     """(host, port, prefix), backend and timeout of a join body, or ``WeightPayloadError``."""
     try:
-        body = json.loads(raw)
+        body = json_rules.loads(raw, "a channel join's body")
         where = (str(body["host"]), int(body["port"]), str(body["prefix"]))
         backend, timeout_s = str(body["backend"]), float(body.get("timeout_s", 60.0))
     except Exception:  # noqa: BLE001 - any malformed body gets the one sentence

@@ -5,6 +5,8 @@ process behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
 import textwrap
 import time
@@ -183,33 +185,30 @@ async def test_one_agent_failing_leaves_the_rest_of_its_group_alone(scripted: An
     assert [s.error for s in states if s.errored] == ["the agent raised ValueError: unlucky"]
 
 
-def _alive(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    try:
-        return "State:\tZ" not in status.read_text()
-    except FileNotFoundError:
-        return False
-
-
-def _outlives_sigkill(pid: int, grace: float = 5.0) -> bool:
-    """SIGKILL is delivered when the target next runs: on a loaded machine that is not at once."""
-    deadline = time.monotonic() + grace
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return True
-        time.sleep(0.02)
-    return False
+def _processes_with(marker: str, wait_s: float = 5.0) -> list[int]:
+    """The host's processes whose command line holds ``marker`` (after up to ``wait_s`` for the kill to land)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                        found.append(int(entry))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 async def test_a_command_that_hangs_or_fails_is_killed_with_everything_it_started(scripted: Any, tmp_path: Path):
     client, _ = scripted()
-    pids = tmp_path / "pids"
-    hang = f"sleep 300 & echo $! > {pids}; echo $$ >> {pids}; sleep 300"
+    marker = f"agent-marker-{tmp_path.name}"  # the agent runs in a PID namespace: its own pids mean nothing here
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(300)' {marker}"
+    hang = f"{sleeper} & {sleeper}"
     env = AgentEnv(command=["sh", "-c", hang], agent_timeout=1.0)
     (state,) = await run(env, client)
     assert state.stop_reason == "timeout" and "its processes were killed" in state.error
-    children = [int(x) for x in pids.read_text().split()]
-    assert len(children) == 2 and not any(_outlives_sigkill(pid) for pid in children)
+    assert _processes_with(marker) == []  # both sleepers (and the shell) are gone
 
     flood = "yes 'a very long line of output' | head -c 20000000; echo; echo last words; exit 3"
     (state,) = await run(AgentEnv(command=["sh", "-c", flood]), client)
