@@ -52,6 +52,7 @@ def step_counter(step: int) -> int:
 
 
 COUNTER_STRIDE = _GOLDEN
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM's _SAMPLING_EPS)
 
 
 def _logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -124,7 +125,8 @@ class BatchSampler:
         vocab_size: int,
         device: torch.device,
     ) -> None:
-        temps = [float(p.temperature) for p in params]
+        # below GREEDY_BELOW a temperature is greedy, as vLLM takes it: its inverse would overflow float32
+        temps = [float(p.temperature) if p.temperature >= GREEDY_BELOW else 0.0 for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         self.vocab_size = vocab_size
         self.greedy = torch.tensor([t == 0 for t in temps], dtype=torch.bool, device=device)

@@ -233,6 +233,19 @@ def _messages_request() -> dict[str, Any]:
     }
 
 
+SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "top_k",
+                         "user", "metadata", "parallel_tool_calls")
+
+
+def _session_sampling(chat: dict[str, Any]) -> dict[str, Any]:
+    """A session's ``sampling``: sampling arguments forced on every call it answers, checked when it opens
+    (``sessions.session_sampling``); one reply a call, and a timeout of at least a second."""
+    properties = {key: chat["properties"][key] for key in SESSION_SAMPLING_KEYS}
+    properties["n"] = {"type": "integer", "const": 1}
+    properties["timeout"] = {"type": "number", "minimum": 1, "maximum": 86_400}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
 def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
     """Sessions (``bridges.server.sessions``) and weight pushes (``bridges.server.weights``)."""
     session_id = {"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -240,7 +253,7 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
               "properties": {"max_calls": {"type": "integer", "minimum": 1, "maximum": 1024},
                              "max_sampled_tokens": {"type": "integer", "minimum": 1, "maximum": 1_048_576},
                              "max_prompt_tokens": {"type": "integer", "minimum": 1, "maximum": 4_194_304},
-                             "sampling": {"type": "object"}}}
+                             "sampling": _session_sampling(chat)}}
     join = {"type": "object", "required": ["host", "port", "prefix", "backend"],
             "properties": {"host": {"type": "string"}, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                            "prefix": {"type": "string", "minLength": 1}, "backend": {"enum": ["gloo", "nccl"]},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from typing import Any
 
@@ -308,3 +309,13 @@ def test_the_model_attends_grouped_only_inside_the_decode(tiny_model, tiny_token
     finally:
         hook.remove()
     assert seen and set(seen) == {NAME} and tiny_model.config._attn_implementation == "sdpa"
+
+
+def test_a_temperature_too_small_to_invert_is_greedy(tiny_model, tiny_tokenizer):
+    """2.2e-309 (a subnormal the fuzzer sends) once became an infinite inverse temperature and NaN logprobs."""
+    tiny, greedy = SamplingParams(max_tokens=6, temperature=2.225073858507203e-309), SamplingParams(max_tokens=6,
+                                                                                                      temperature=0.0)
+    got = loop(tiny_model, tiny_tokenizer, make_rows(tiny_tokenizer, 3, tiny))
+    want = loop(tiny_model, tiny_tokenizer, make_rows(tiny_tokenizer, 3, greedy))
+    assert_same(got, want)
+    assert all(all(math.isfinite(x) for x in r.logprobs) for r in got)
