@@ -305,9 +305,11 @@ def chat_arguments(session: Session, body: dict[str, Any], call: int = 0) -> dic
         raise SessionRefusal(400, problem[1], "invalid_tool_calls")
     if body.get("n", 1) not in (1, None):  # the record keeps one reply per call; more would be sampled unseen
         raise SessionRefusal(400, "'n' must be 1 on a session: a rollout samples one reply per call.", "invalid_n")
+    _check_streaming(body)
     body = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "model")}
     kwargs = split_kwargs(body, AsyncCompletions.create)
     kwargs["messages"] = rendered_messages(kwargs["messages"])
+    _check_overridden(kwargs, session.forced)
     for key, value in session.forced.items():
         if key == "seed" and isinstance(value, int) and not isinstance(value, bool):
             kwargs["seed"] = value + SEED_STRIDE * call
@@ -347,6 +349,38 @@ async def answer_chat(session: Session, body: dict[str, Any]) -> tuple[int, dict
         if ticket is not None:
             session.release(ticket)
     return 200, None, response
+
+
+def _check_overridden(kwargs: dict[str, Any], forced: dict[str, Any]) -> None:
+    """The agent's own values of the arguments the rollout overrides, checked by a call's rules all the
+    same: a malformed request is refused whether or not its value would have been used."""
+    from openai import BadRequestError
+
+    from bridges.client.arguments import parse_chat
+
+    overridden = {k: v for k, v in kwargs.items() if k in forced and k not in ("extra_body", "messages", "model")}
+    if not overridden:
+        return
+    try:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "model": "session", **overridden})
+    except BadRequestError as exc:
+        raise SessionRefusal(400, str(error_body(exc)[1]["error"].get("message")), "invalid_request") from None
+
+
+def _check_streaming(body: dict[str, Any]) -> None:
+    """``stream`` and ``stream_options`` by the rules of any chat call, though a session re-cuts the stream
+    itself from the recorded reply (so the engine never sees them)."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise SessionRefusal(400, "'stream' must be a boolean.", "invalid_stream")
+    if options is None:
+        return
+    if not stream:
+        raise SessionRefusal(400, "'stream_options' is only allowed when 'stream' is true.", "invalid_stream")
+    if not isinstance(options, dict) or any(
+            key not in ("include_usage", "include_obfuscation") or not isinstance(value, bool)
+            for key, value in options.items()):
+        raise SessionRefusal(400, "'stream_options' holds only include_usage (a boolean).", "invalid_stream")
 
 
 def _max_tokens(forced: dict[str, Any], body: dict[str, Any]) -> int | None:

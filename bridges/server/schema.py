@@ -120,14 +120,19 @@ def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
-def _responses(ok: str) -> dict[str, Any]:
+# one server-sent event (OpenAPI before 3.2: a stream's schema describes each event): a JSON chunk, or [DONE]
+_EVENT = {"type": "object", "required": ["data"],
+          "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}
+
+
+def _responses(ok: str, status: str = "200") -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ERROR}}}
     return {
-        "200": {
+        status: {
             "description": ok,
             "content": {
                 "application/json": {"schema": {"type": "object"}},
-                "text/event-stream": {"schema": {"type": "string"}},  # stream=true
+                "text/event-stream": {"schema": _EVENT},  # stream=true
             },
         },
         "400": {"description": "a request the server refuses, with the field named", **error},
@@ -262,8 +267,9 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
         "application/json": {"schema": {"type": "object", "required": ["channel", "kind", "version", "tensors"]}}}}
 
-    def op(name: str, answer: str, body: dict[str, Any] | None = None, params: list[Any] | None = None) -> dict[str, Any]:
-        operation: dict[str, Any] = {"operationId": name, "responses": _responses(answer)}
+    def op(name: str, answer: str, body: dict[str, Any] | None = None, params: list[Any] | None = None,
+           status: str = "200") -> dict[str, Any]:
+        operation: dict[str, Any] = {"operationId": name, "responses": _responses(answer, status)}
         if body is not None:
             operation["requestBody"] = body
         if params:
@@ -271,10 +277,13 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
         return operation
 
     return {
-        "/v1/sessions": {"post": op("open_session", "the session's id and base URLs", _json_body(opened))},
+        # no body at all opens a session with the defaults
+        "/v1/sessions": {"post": op("open_session", "the session's id and base URLs", {**_json_body(opened),
+                                                                                      "required": False}, status="201")},
         "/v1/sessions/{session}": {"get": op("session_record", "the session's record", params=[session_id]),
                                    "delete": op("close_session", "the closed session's record", params=[session_id])},
-        "/s/{session}/v1/chat/completions": {"post": op("session_chat", "a chat completion", _json_body(chat), [session_id])},
+        "/s/{session}/v1/chat/completions": {"post": op("session_chat", "a chat completion", _json_body(
+            {**chat, "properties": {**chat["properties"], "n": {"type": "integer", "const": 1}}}), [session_id])},
         "/s/{session}/v1/responses": {"post": op("session_responses", "a response", _json_body(_responses_request()), [session_id])},
         "/s/{session}/v1/messages": {"post": op("session_messages", "a message", _json_body(_messages_request()), [session_id])},
         "/s/{session}/v1/models": {"get": op("session_models", "the session's model", params=[session_id])},
