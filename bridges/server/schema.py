@@ -276,10 +276,18 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
             operation["parameters"] = params
         return operation
 
+    open_session = op("open_session", "the session's id and base URLs", {**_json_body(opened), "required": False},
+                      status="201")  # no body at all opens a session with the defaults
+    created = open_session["responses"]["201"]
+    created["content"] = {"application/json": {"schema": {
+        "type": "object", "required": ["id", "base_url", "anthropic_base_url"],
+        "properties": {"id": {"type": "string"}, "base_url": {"type": "string"}, "anthropic_base_url": {"type": "string"}}}}}
+    # what a client does next with the session it opened (the fuzzer's stateful phase follows these)
+    created["links"] = {name: {"operationId": name, "parameters": {"session": "$response.body#/id"}}
+                        for name in ("session_record", "close_session", "session_chat", "session_responses",
+                                     "session_messages", "session_models")}
     return {
-        # no body at all opens a session with the defaults
-        "/v1/sessions": {"post": op("open_session", "the session's id and base URLs", {**_json_body(opened),
-                                                                                      "required": False}, status="201")},
+        "/v1/sessions": {"post": open_session},
         "/v1/sessions/{session}": {"get": op("session_record", "the session's record", params=[session_id]),
                                    "delete": op("close_session", "the closed session's record", params=[session_id])},
         "/s/{session}/v1/chat/completions": {"post": op("session_chat", "a chat completion", _json_body(
