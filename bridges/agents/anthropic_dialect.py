@@ -90,7 +90,9 @@ def _message(role: str, blocks: list[dict[str, Any]], where: str) -> list[dict[s
 
 def to_chat(body: dict[str, Any], session: Session) -> dict[str, Any]:
     """The Chat Completions body an Anthropic Messages request means."""
-    if not isinstance(body.get("max_tokens"), int):
+    from bridges.client.arguments import integral
+
+    if integral(body.get("max_tokens")) is None:  # by value: JSON's 8.0 is 8
         raise _refuse("'max_tokens' is required and must be an integer.")
     messages: list[dict[str, Any]] = []
     if body.get("system"):

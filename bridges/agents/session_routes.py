@@ -55,7 +55,9 @@ def check_field_types(body: dict[str, Any], types: dict[str, tuple[str, ...]]) -
         if value is None:
             continue
         is_bool = isinstance(value, bool)
-        if not any(isinstance(value, _JSON_TYPES[t]) and (t == "boolean" or not is_bool) for t in allowed):
+        integral = isinstance(value, float) and value.is_integer()  # JSON's 1.0 is the integer 1
+        if not any((isinstance(value, _JSON_TYPES[t]) or (t == "integer" and integral)) and (t == "boolean" or not is_bool)
+                   for t in allowed):
             raise SessionRefusal(400, f"'{key}' must be {' or '.join(allowed)}.", "invalid_type")
 
 

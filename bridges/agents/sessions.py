@@ -261,19 +261,19 @@ def session_sampling(sampling: Any) -> dict[str, Any]:
         if key in sampling:
             raise SessionRefusal(400, f"'sampling.{key}' is not a sampling argument: a session's calls choose it.",
                                  "invalid_session")
-    if "n" in sampling and integral(sampling["n"]) != 1:
+    if sampling.get("n") is not None and integral(sampling["n"]) != 1:
         raise SessionRefusal(400, "'sampling.n' must be 1: a rollout samples one reply per call.", "invalid_session")
     timeout = sampling.get("timeout")
     if timeout is not None and (integral(timeout) is None and not isinstance(timeout, float)
                                 or isinstance(timeout, bool) or not timeout >= MIN_SESSION_TIMEOUT_S):
         raise SessionRefusal(400, f"'sampling.timeout' must be at least {MIN_SESSION_TIMEOUT_S:.0f} second: it bounds "
                              "every call of the session.", "invalid_session")
-    kept = {k: v for k, v in sampling.items() if k not in NO_OPS and k not in ("n", "timeout")}
-    forced = split_kwargs(kept, AsyncCompletions.create)
+    checked = split_kwargs({k: v for k, v in sampling.items() if k not in ("n", "timeout")}, AsyncCompletions.create)
+    forced = {k: v for k, v in checked.items() if k not in NO_OPS}  # no-ops are checked, then not kept
     if timeout is not None:  # the SDK's own keyword (split_kwargs sends a body's "timeout" as an extra key)
         forced["timeout"] = float(timeout)
     try:
-        parse_chat({"messages": [{"role": "user", "content": "x"}], "model": "session", **forced})
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "model": "session", **checked})
     except BadRequestError as exc:
         raise SessionRefusal(400, f"'sampling': {error_body(exc)[1]['error'].get('message')}", "invalid_session") from None
     except TypeError as exc:
@@ -358,7 +358,9 @@ def _check_overridden(kwargs: dict[str, Any], forced: dict[str, Any]) -> None:
 
     from bridges.client.arguments import parse_chat
 
-    overridden = {k: v for k, v in kwargs.items() if k in forced and k not in ("extra_body", "messages", "model")}
+    overridden = {k: v for k, v in kwargs.items() if k in forced and k not in ("messages", "model")}
+    if "extra_body" in kwargs:  # the session may set keys of it (declared_tools_only) over the agent's
+        overridden["extra_body"] = kwargs["extra_body"]
     if not overridden:
         return
     try:

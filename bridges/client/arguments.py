@@ -173,14 +173,31 @@ def _tools(value: Any, path: str) -> list[dict[str, Any]] | None:
     tools = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in value]
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        if not (isinstance(function, dict) and tool.get("type") == "function" and _well_typed(function, _FUNCTION_TYPES)
+                and function.get("name")):
             raise _bad(
-                f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name': ...}}}}.",
+                f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name': ..., 'description': ..., "
+                "'parameters': {...}}}}} with a non-empty name.",
                 f"tools[{i}]",
                 path,
             )
         check_text(json.dumps(tool, ensure_ascii=False), f"tools[{i}]", path)
     return tools or None
+
+
+_FUNCTION_TYPES: dict[str, Any] = {"name": str, "description": str, "parameters": dict, "strict": bool}
+# the no-op arguments change nothing a local engine does, but a value of the wrong type is still refused
+_NO_OP_TYPES: dict[str, Any] = {"user": str, "metadata": dict, "parallel_tool_calls": bool, "prompt_cache_key": str,
+                                "safety_identifier": str}
+
+
+def _well_typed(obj: dict[str, Any], types: dict[str, Any]) -> bool:
+    """Each listed key, when present and not null, of its type (a bool is no other type)."""
+    for key, kind in types.items():
+        value = obj.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+            return False
+    return True
 
 
 def check_messages(messages: list[Any], path: str) -> None:
@@ -204,6 +221,10 @@ def check_messages(messages: list[Any], path: str) -> None:
                 f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r:.40}.", f"{where}.role", path
             )
         _check_content(_field(message, "content"), f"{where}.content", path)
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            value = _field(message, key)
+            if value is not None and not isinstance(value, str):
+                raise _bad(f"'{where}.{key}' must be a string.", f"{where}.{key}", path)
         calls = _field(message, "tool_calls")
         if calls is not None and not isinstance(calls, (list, tuple)):
             raise _bad(f"'{where}.tool_calls' must be a list.", f"{where}.tool_calls", path)
@@ -287,8 +308,11 @@ def _apply_extra_body(
                     f"'stop_token_ids' must be a list of token ids, got {value!r}.", "stop_token_ids", path
                 )
             params.stop_token_ids = [i for i in ids if i is not None]
-        elif key in ("return_drift", "declared_tools_only") and value:
-            flags.add(key)
+        elif key in ("return_drift", "declared_tools_only"):
+            if not isinstance(value, bool):
+                raise _bad(f"'{key}' must be a boolean, got {value!r:.40}.", key, path)
+            if value:
+                flags.add(key)
     return frozenset(flags)
 
 
@@ -296,6 +320,10 @@ def _check_other(name: str, value: Any, sdk_params: frozenset[str], path: str) -
     """Everything without its own handling: a no-op, a default value, or refused by name."""
     if name not in sdk_params:
         raise TypeError(f"create() got an unexpected keyword argument '{name}'")
+    if name in NO_OPS and not _well_typed({name: value}, _NO_OP_TYPES) or (
+            name == "metadata" and isinstance(value, dict) and not all(isinstance(v, str) for v in value.values())):
+        raise _bad(f"'{name}' must be {'an object of strings' if name == 'metadata' else _NO_OP_TYPES[name].__name__}.",
+                   name, path)
     if name in NO_OPS or name in _IGNORED or is_absent(value):
         return
     if name in _FALSE_OK and value is False:

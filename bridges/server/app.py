@@ -122,7 +122,8 @@ class _Endpoints:
         self.client, self.limits, self.identity, self.weights = client, limits, identity, weights
         self.names = list(limits.model_names or (client.model_name,))
         self.expected = f"Bearer {api_key}".encode() if api_key else None
-        self.document = openapi_document(self.names, limits.max_n, len(client.engine.tokenizer))
+        self.document = openapi_document(self.names, limits.max_n, len(client.engine.tokenizer),
+                                         tuple(weights.channels()))
 
     def unauthorized(self, request: Any) -> Any:
         """None when the request may pass, else the 401."""

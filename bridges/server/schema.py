@@ -35,17 +35,17 @@ _TEXT_PART = {
     "additionalProperties": False,
     "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
 }
+# keys a message, tool call or tool definition holds beyond these are ignored, as an SDK's own objects
+# carry some (refusal, annotations, audio): the document leaves them open
 _TOOL_CALL = {
     "type": "object",
     "required": ["id", "type", "function"],
-    "additionalProperties": False,
     "properties": {
         "id": {"type": "string"},
         "type": {"type": "string", "enum": ["function"]},
         "function": {
             "type": "object",
             "required": ["name", "arguments"],
-            "additionalProperties": False,
             "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
         },
     },
@@ -53,31 +53,28 @@ _TOOL_CALL = {
 _MESSAGE = {
     "type": "object",
     "required": ["role"],
-    "additionalProperties": False,
     "properties": {
         "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
         "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
-        "name": {"type": "string"},
-        "tool_call_id": {"type": "string"},
-        "reasoning_content": {"type": "string"},
-        "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        "name": {"type": ["string", "null"]},
+        "tool_call_id": {"type": ["string", "null"]},
+        "reasoning_content": {"type": ["string", "null"]},
+        "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL},
     },
 }
 _TOOL = {
     "type": "object",
     "required": ["type", "function"],
-    "additionalProperties": False,
     "properties": {
         "type": {"type": "string", "enum": ["function"]},
         "function": {
             "type": "object",
             "required": ["name"],
-            "additionalProperties": False,
             "properties": {
                 "name": {"type": "string", "minLength": 1},
-                "description": {"type": "string"},
-                "parameters": {"type": "object"},
-                "strict": {"type": "boolean"},
+                "description": {"type": ["string", "null"]},
+                "parameters": {"type": ["object", "null"]},
+                "strict": {"type": ["boolean", "null"]},
             },
         },
     },
@@ -85,9 +82,13 @@ _TOOL = {
 # a forced call ("required" or a named function) needs tools to call; a named one must name one of them,
 # which JSON Schema cannot say, so the server refuses that case with 400 naming tool_choice
 _FORCED_NEEDS_TOOLS = {
-    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["auto", "none"]}}}},
-    "then": {"required": ["tools"], "properties": {"tools": {"minItems": 1}}},
+    "if": {"required": ["tool_choice"],
+           "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
 }
+
+
+INT64_MAX = 2**63 - 1
 
 
 def _sampling(max_n: int) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def _sampling(max_n: int) -> dict[str, Any]:
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "n": {"type": "integer", "minimum": 1, "maximum": max_n},
-        "max_tokens": {"type": "integer", "minimum": 1},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
         "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
         "stop": {
             "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}}]
@@ -108,12 +109,25 @@ def _sampling(max_n: int) -> dict[str, Any]:
     }
 
 
+def _given(key: str, kind: str, then: dict[str, Any]) -> dict[str, Any]:
+    """``then`` applies when ``key`` is present and of JSON type ``kind`` (a null is absent to the server)."""
+    return {"if": {"required": [key], "properties": {key: {"type": kind}}}, "then": then}
+
+
 # stream_options is refused unless stream is true (as OpenAI's API does), top_logprobs unless logprobs is
-_STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
-_CHAT_DEPENDENCIES = {
-    **_STREAM_OPTIONS_NEED_STREAM,
-    "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
-}
+_STREAM_OPTIONS_NEED_STREAM = _given("stream_options", "object",
+                                     {"required": ["stream"], "properties": {"stream": {"const": True}}})
+_TOP_LOGPROBS_NEED_LOGPROBS = _given("top_logprobs", "integer",
+                                     {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})
+
+
+def nullable_optionals(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every property it does not require also taking null: the server reads a null as the
+    argument left out (as the OpenAI SDK sends ``None``)."""
+    required = set(schema.get("required", ()))
+    properties = {key: value if key in required else {"anyOf": [value, {"type": "null"}]}
+                  for key, value in schema["properties"].items()}
+    return {**schema, "properties": properties}
 
 
 def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -155,12 +169,11 @@ def _request_bodies(
         "type": "object",
         "required": ["model", "messages"],
         "additionalProperties": False,
-        "dependentSchemas": _CHAT_DEPENDENCIES,
-        **_FORCED_NEEDS_TOOLS,
+        "allOf": [_STREAM_OPTIONS_NEED_STREAM, _TOP_LOGPROBS_NEED_LOGPROBS, _FORCED_NEEDS_TOOLS],
         "properties": {
             "model": model,
             "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
             "logprobs": {"type": "boolean"},
             "tools": {"type": "array", "items": _TOOL},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
@@ -195,7 +208,7 @@ def _request_bodies(
         "type": "object",
         "required": ["model", "prompt"],
         "additionalProperties": False,
-        "dependentSchemas": _STREAM_OPTIONS_NEED_STREAM,
+        "allOf": [_STREAM_OPTIONS_NEED_STREAM],
         "properties": {
             "model": model,
             "prompt": {"oneOf": [{"type": "string", "minLength": 1}, token_ids]},
@@ -203,7 +216,7 @@ def _request_bodies(
             **_sampling(max_n),
         },
     }
-    return chat, completion
+    return nullable_optionals(chat), nullable_optionals(completion)
 
 
 def _responses_request() -> dict[str, Any]:
@@ -211,31 +224,39 @@ def _responses_request() -> dict[str, Any]:
     item = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
             "properties": {"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
                            "content": {"type": "string"}}}
-    return {
+    tool = {"type": "object", "required": ["type", "name"],
+            "properties": {"type": {"const": "function"}, "name": {"type": "string", "minLength": 1},
+                           "description": {"type": ["string", "null"]}, "parameters": {"type": ["object", "null"]}}}
+    return nullable_optionals({
         "type": "object", "required": ["input"], "additionalProperties": False,
         "properties": {
             "input": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": item}]},
-            "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1},
+            "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
             "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
-            "previous_response_id": {"type": "string"}, "tools": {"type": "array", "items": {"type": "object"}},
+            # an id this session answered (the fuzzer's stateful phase and a client supply one)
+            "previous_response_id": {"type": "string", "minLength": 1}, "tools": {"type": "array", "items": tool},
             "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
         },
-    }
+    })
 
 
 def _messages_request() -> dict[str, Any]:
     """An Anthropic Messages body, as a session's ``/messages`` reads it (``anthropic_dialect``)."""
     message = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
-               "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string", "minLength": 1}}}
-    return {
+               "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string"}}}
+    tool = {"type": "object", "required": ["name", "input_schema"],  # a client tool (server tools are refused)
+            "properties": {"name": {"type": "string", "minLength": 1}, "description": {"type": ["string", "null"]},
+                           "input_schema": {"type": "object"}}}
+    return nullable_optionals({
         "type": "object", "required": ["max_tokens", "messages"], "additionalProperties": False,
         "properties": {
-            "max_tokens": {"type": "integer", "minimum": 1}, "messages": {"type": "array", "minItems": 1, "items": message},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+            "messages": {"type": "array", "minItems": 1, "items": message},
             "system": {"type": "string"}, "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
             "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "stream": {"type": "boolean"},
-            "tools": {"type": "array", "items": {"type": "object"}},
+            "tools": {"type": "array", "items": tool},
         },
-    }
+    })
 
 
 SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "top_k",
@@ -246,12 +267,12 @@ def _session_sampling(chat: dict[str, Any]) -> dict[str, Any]:
     """A session's ``sampling``: sampling arguments forced on every call it answers, checked when it opens
     (``sessions.session_sampling``); one reply a call, and a timeout of at least a second."""
     properties = {key: chat["properties"][key] for key in SESSION_SAMPLING_KEYS}
-    properties["n"] = {"type": "integer", "const": 1}
-    properties["timeout"] = {"type": "number", "minimum": 1, "maximum": 86_400}
+    properties["n"] = {"anyOf": [{"const": 1}, {"type": "null"}]}
+    properties["timeout"] = {"anyOf": [{"type": "number", "minimum": 1, "maximum": 86_400}, {"type": "null"}]}
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
-def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
+def _session_and_weight_paths(chat: dict[str, Any], channels: list[str]) -> dict[str, Any]:
     """Sessions (``bridges.server.sessions``) and weight pushes (``bridges.server.weights``)."""
     session_id = {"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}
     opened = {"type": "object", "additionalProperties": False,
@@ -261,7 +282,8 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
                              "sampling": _session_sampling(chat)}}
     join = {"type": "object", "required": ["host", "port", "prefix", "backend"],
             "properties": {"host": {"type": "string"}, "port": {"type": "integer", "minimum": 1, "maximum": 65535},
-                           "prefix": {"type": "string", "minLength": 1}, "backend": {"enum": ["gloo", "nccl"]},
+                           "prefix": {"type": "string", "minLength": 1, "maxLength": 200},
+                           "backend": {"enum": [c for c in channels if c != "http"]},
                            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 600}}}
     weights = {"required": True, "content": {
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
@@ -290,8 +312,11 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
         "/v1/sessions": {"post": open_session},
         "/v1/sessions/{session}": {"get": op("session_record", "the session's record", params=[session_id]),
                                    "delete": op("close_session", "the closed session's record", params=[session_id])},
+        # the session decides the model (any name is taken) and samples one reply a call
         "/s/{session}/v1/chat/completions": {"post": op("session_chat", "a chat completion", _json_body(
-            {**chat, "properties": {**chat["properties"], "n": {"type": "integer", "const": 1}}}), [session_id])},
+            {**chat, "required": ["messages"], "properties": {**chat["properties"], "model": {"type": ["string", "null"]},
+                                                              "n": {"anyOf": [{"const": 1}, {"type": "null"}]}}}),
+            [session_id])},
         "/s/{session}/v1/responses": {"post": op("session_responses", "a response", _json_body(_responses_request()), [session_id])},
         "/s/{session}/v1/messages": {"post": op("session_messages", "a message", _json_body(_messages_request()), [session_id])},
         "/s/{session}/v1/models": {"get": op("session_models", "the session's model", params=[session_id])},
@@ -300,9 +325,10 @@ def _session_and_weight_paths(chat: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dict[str, Any]:
+def openapi_document(model_names: list[str], max_n: int, vocabulary: int,
+                     channels: tuple[str, ...] = ("http", "gloo")) -> dict[str, Any]:
     """The OpenAPI 3.1 description of every endpoint the server answers (``vocabulary``: the tokenizer's
-    size, which bounds the token ids a completion prompt may hold)."""
+    size, which bounds the token ids a completion prompt may hold; ``channels``: how it takes weights)."""
     chat, completion = _request_bodies(model_names, max_n, vocabulary)
 
     def post(operation: str, body: dict[str, Any], answer: str) -> dict[str, Any]:
@@ -333,6 +359,6 @@ def openapi_document(model_names: list[str], max_n: int, vocabulary: int) -> dic
                 }
             },
             "/health": {"get": {"operationId": "health", "responses": _responses("the server is up")}},
-            **_session_and_weight_paths(chat),
+            **_session_and_weight_paths(chat, list(channels)),
         },
     }
