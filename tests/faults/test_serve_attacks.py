@@ -274,3 +274,17 @@ def test_a_sessions_settings_cost_what_they_hold_and_count_against_the_budget(sc
         assert endpoints.sessions.budget.used - used >= 100_000  # the kept stop strings are counted
         http.delete(f"/v1/sessions/{sid}")
         assert endpoints.sessions.budget.used == used
+
+
+def test_a_finite_lora_whose_merge_overflows_the_forward_is_rolled_back(http: httpx.Client, served: tuple[Any, Any]):
+    """Ones factors of rank 1 scaled by 3e38 on an output projection: every merged value is finite (3e38 +
+    base), the residual stream is not. (On q_proj the same merge is taken: attention saturates, logits stay
+    finite, the model answers.)"""
+    engine = served[1]
+    module = "model.layers.0.self_attn.o_proj"
+    weight = engine.model.state_dict()[f"{module}.weight"]
+    before = weight.clone()
+    factors = {f"{module}.lora_A": torch.ones(1, weight.shape[1]), f"{module}.lora_B": torch.ones(weight.shape[0], 1)}
+    reply = weights(http, encode(Payload("lora", 1, factors, {module: 3e38})))
+    assert_refused(reply, 400, "logits NaN or infinite", "rolled back")
+    assert torch.equal(engine.model.state_dict()[f"{module}.weight"], before) and engine.weight_version == 0
