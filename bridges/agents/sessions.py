@@ -269,9 +269,9 @@ def session_sampling(sampling: Any) -> dict[str, Any]:
         raise SessionRefusal(400, f"'sampling.timeout' must be at least {MIN_SESSION_TIMEOUT_S:.0f} second: it bounds "
                              "every call of the session.", "invalid_session")
     checked = split_kwargs({k: v for k, v in sampling.items() if k not in ("n", "timeout")}, AsyncCompletions.create)
-    forced = {k: v for k, v in checked.items() if k not in NO_OPS}  # no-ops are checked, then not kept
     if timeout is not None:  # the SDK's own keyword (split_kwargs sends a body's "timeout" as an extra key)
-        forced["timeout"] = float(timeout)
+        checked["timeout"] = float(timeout)
+    forced = {k: v for k, v in checked.items() if k not in NO_OPS}  # no-ops are checked, then not kept
     try:
         parse_chat({"messages": [{"role": "user", "content": "x"}], "model": "session", **checked})
     except BadRequestError as exc:

@@ -110,6 +110,7 @@ def test_a_lone_surrogate_on_a_session_route_is_400_in_the_routes_shape(http: ht
     ({"timeout": float("nan")}, ("'sampling.timeout' must be at least 1 second",)),
     ({"timeout": -1}, ("'sampling.timeout'",)),
     ({"timeout": 1e-9}, ("'sampling.timeout'",)),
+    ({"timeout": 5e58}, ("'timeout' must be a number of seconds above 0 and at most 86400",)),
     ({"n": 3}, ("'sampling.n' must be 1",)),
     ({"temperature": 9}, ("'sampling':", "temperature")),
     ({"no_such_key": 1}, ("'sampling':", "no_such_key")),
