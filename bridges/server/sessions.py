@@ -90,7 +90,7 @@ class SessionEndpoints:
             return denied
         try:
             raw = await self.read_body(request)
-            body = session_routes.parse_body(raw) if raw.strip() else {}
+            body = session_routes.parse_body(raw) if raw else {}  # no body is no settings; whitespace is not JSON
             self.sessions.close_idle()
             if len(self.sessions) >= MAX_OPEN_SESSIONS:
                 raise SessionRefusal(429, f"{MAX_OPEN_SESSIONS} sessions are open, the most this server keeps; "

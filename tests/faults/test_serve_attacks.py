@@ -121,6 +121,11 @@ def test_session_sampling_is_checked_when_it_opens(http: httpx.Client, sampling:
     assert_refused(raw_post(http, "/v1/sessions", text), 400, *pieces)
 
 
+def test_a_session_opens_without_a_body_but_not_with_a_body_that_is_not_json(http: httpx.Client):
+    assert http.post("/v1/sessions").status_code == 201
+    assert raw_post(http, "/v1/sessions", "\t").status_code == 400  # whitespace is not a JSON document
+
+
 def test_a_session_that_opened_answers_and_can_always_be_read_and_closed(http: httpx.Client):
     sid = session(http, sampling={"timeout": 30, "max_tokens": 3, "metadata": {"big": "x" * 1000}, "user": "u"})
     reply = http.post(f"/s/{sid}/v1/chat/completions", json={"model": "any", "messages": USER})

@@ -62,6 +62,7 @@ def _prepare(case: Any, url: str, engine: Any, mode: GenerationMode, opened: boo
     path = case.operation.path
     if "{session}" in path and not opened:
         fresh = httpx.post(f"{url}/v1/sessions", json={"sampling": {"max_tokens": 4}}, timeout=30)
+        assert fresh.status_code == 201, fresh.text
         case.path_parameters = {**(case.path_parameters or {}), "session": fresh.json()["id"]}
     if path.startswith("/v1/weights"):
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {KEY}"}
