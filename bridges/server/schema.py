@@ -219,16 +219,21 @@ def _request_bodies(
     return nullable_optionals(chat), nullable_optionals(completion)
 
 
+# agent SDKs send keys of their API this server does not read (store, include, reasoning, truncation, an
+# item's id and status...): the dialect bodies are open, so an agent is not refused for them
+DIALECT_EXTRAS = "Keys of the API not listed here are accepted and not read."
+
+
 def _responses_request() -> dict[str, Any]:
     """A Responses API body, as a session's ``/responses`` reads it (``responses_dialect``)."""
-    item = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+    item = {"type": "object", "required": ["role", "content"],
             "properties": {"type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
                            "content": {"type": "string"}}}
     tool = {"type": "object", "required": ["type", "name"],
             "properties": {"type": {"const": "function"}, "name": {"type": "string", "minLength": 1},
                            "description": {"type": ["string", "null"]}, "parameters": {"type": ["object", "null"]}}}
     return nullable_optionals({
-        "type": "object", "required": ["input"], "additionalProperties": False,
+        "type": "object", "required": ["input"], "description": DIALECT_EXTRAS,
         "properties": {
             "input": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": item}]},
             "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
@@ -242,13 +247,13 @@ def _responses_request() -> dict[str, Any]:
 
 def _messages_request() -> dict[str, Any]:
     """An Anthropic Messages body, as a session's ``/messages`` reads it (``anthropic_dialect``)."""
-    message = {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+    message = {"type": "object", "required": ["role", "content"],
                "properties": {"role": {"enum": ["user", "assistant"]}, "content": {"type": "string"}}}
     tool = {"type": "object", "required": ["name", "input_schema"],  # a client tool (server tools are refused)
             "properties": {"name": {"type": "string", "minLength": 1}, "description": {"type": ["string", "null"]},
                            "input_schema": {"type": "object"}}}
     return nullable_optionals({
-        "type": "object", "required": ["max_tokens", "messages"], "additionalProperties": False,
+        "type": "object", "required": ["max_tokens", "messages"], "description": DIALECT_EXTRAS,
         "properties": {
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
             "messages": {"type": "array", "minItems": 1, "items": message},
