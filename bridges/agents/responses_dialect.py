@@ -111,8 +111,8 @@ def to_chat(body: dict[str, Any], session: Session) -> dict[str, Any]:
     """The Chat Completions body a Responses request means."""
     if body.get("background"):
         raise _refuse("'background' responses are not served here; ask without it.")
-    if body.get("input") is None:  # as the document states (OpenAI's own API reads input as optional)
-        raise _refuse("'input' is required: the items (or text) this response answers.")
+    if body.get("input") in (None, "", []):  # as the document states (OpenAI's own API reads input as optional)
+        raise _refuse("'input' is required and not empty: the items (or text) this response answers.")
     messages: list[dict[str, Any]] = []
     previous = body.get("previous_response_id")
     if previous is not None:

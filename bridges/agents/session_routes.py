@@ -44,6 +44,8 @@ def refusal_reply(status: int, message: str, code: str, anthropic: bool = False)
     return json_reply(status, anthropic_dialect.error_shape(body) if anthropic else body)
 
 
+# a session answers with its own model whatever a chat call names, but a name that is not text is refused
+CHAT_FIELD_TYPES: dict[str, tuple[str, ...]] = {"model": ("string",)}
 _JSON_TYPES: dict[str, Any] = {"string": str, "array": list, "object": dict, "boolean": bool,
                                "integer": int, "number": (int, float)}
 
@@ -80,8 +82,7 @@ async def answer(sessions: Sessions, session_id: str, route: str, raw: bytes) ->
     try:
         session = sessions.find(session_id)
         body = parse_body(raw)
-        if dialect is not None:
-            check_field_types(body, dialect.FIELD_TYPES)
+        check_field_types(body, dialect.FIELD_TYPES if dialect is not None else CHAT_FIELD_TYPES)
         chat = dialect.to_chat(body, session) if dialect is not None else body
     except SessionRefusal as refusal:
         return refusal_reply(refusal.status, refusal.message, refusal.code, anthropic)

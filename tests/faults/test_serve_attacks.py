@@ -126,6 +126,16 @@ def test_a_session_opens_without_a_body_but_not_with_a_body_that_is_not_json(htt
     assert raw_post(http, "/v1/sessions", "\t").status_code == 400  # whitespace is not a JSON document
 
 
+@pytest.mark.parametrize(("route", "body", "piece"), [
+    ("chat/completions", {"model": 4.7e16, "messages": USER}, "'model' must be string"),
+    ("responses", {"input": ""}, "'input' is required and not empty"),
+    ("responses", {"input": []}, "'input' is required and not empty"),
+])
+def test_what_the_document_refuses_on_a_session_route_is_refused(http: httpx.Client, route: str,
+                                                                  body: dict[str, Any], piece: str):
+    assert_refused(http.post(f"/s/{session(http)}/v1/{route}", json=body), 400, piece)
+
+
 def test_a_session_that_opened_answers_and_can_always_be_read_and_closed(http: httpx.Client):
     sid = session(http, sampling={"timeout": 30, "max_tokens": 3, "metadata": {"big": "x" * 1000}, "user": "u"})
     reply = http.post(f"/s/{sid}/v1/chat/completions", json={"model": "any", "messages": USER})
