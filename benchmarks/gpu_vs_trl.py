@@ -18,7 +18,8 @@ learning rate. Four rows, like with like:
   barely move, so it is not the same training; kept as a second row, not the baseline).
 Per row: samples per second over the steps after the first (the first compiles and warms up) and peak
 memory (the CUDA allocator's; a CPU's RSS is the process's, so only the first row has one). Ours also:
-generation tokens/s, training tokens/s and the training step's MFU against the card's dense bf16 peak
+generation tokens/s (from the ``ours_ahead0`` row, where the trainer waits for all of generation; n/a
+without it), training tokens/s and the training step's MFU against the card's dense bf16 peak
 (``gpu_smoke.device_peak``). The ratio is ours (one batch ahead) over TRL as its users run it
 (``trl_amp``). Last line: ``device=<name> <arch>_ratio=… <arch>_<row>_samples_per_s=… <arch>_<row>_peak_gb=…
 <arch>_engine=… <arch>_gen_tokens_per_s=… <arch>_train_tokens_per_s=… <arch>_mfu=…``.
@@ -73,6 +74,7 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str, ahead
     train_tokens = sum(r["tokens/trained"] for r in timed)
     train_s = sum(r["timing/train_s"] for r in timed)
     return {"samples_per_s": args.batch * args.group / statistics.mean(r["timing/step_s"] for r in timed),
+            # the trainer's wait for a batch: all of generation when nothing runs ahead (ahead=0)
             "gen_tokens_per_s": gen_tokens / max(sum(r["timing/wait_generation_s"] for r in timed), 1e-9),
             "train_tokens_per_s": train_tokens / max(train_s, 1e-9), "train_tokens": train_tokens, "train_s": train_s,
             "context": train_tokens / max(1, sum(r["samples/trained"] for r in timed)), "engine": engine}
@@ -155,7 +157,9 @@ def run_arch(arch: str, folder: Path, args: argparse.Namespace, device: torch.de
         figures[f"{name}_samples_per_s"] = f"{row['samples_per_s']:.2f}"
         # a CPU's RSS peak is the process's: only the first run's is its own
         figures[f"{name}_peak_gb"] = f"{row_peak:.2f}" if device.type == "cuda" or name == wanted[0] else "n/a"
-    figures.update(gen_tokens_per_s=f"{ours['gen_tokens_per_s']:.1f}",
+    # generation speed only where the trainer waits for all of it: one step ahead, it overlaps training
+    synchronous = rows["ours_ahead0"][0] if "ours_ahead0" in rows else None
+    figures.update(gen_tokens_per_s=f"{synchronous['gen_tokens_per_s']:.1f}" if synchronous else "n/a",
                    train_tokens_per_s=f"{ours['train_tokens_per_s']:.1f}",
                    mfu=f"{achieved / peak:.3f}" if peak else "n/a")
     return figures
