@@ -166,7 +166,7 @@ def main() -> None:
                     figures[f"{name}_{rows}_{key}"] = f"{result[key]:.2f}" if result[key] == result[key] else "n/a"
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={label.replace(' ', '_')} " + " ".join(f"{k}={v}" for k, v in figures.items())
-          + f" hf_graphs_syncs={int(syncs)}")
+          + f" hf_graphs_syncs={int(syncs) if device.type == 'cuda' else 'n/a'}")  # only CUDA counts them
     sys.stdout.flush()
 
 
