@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,11 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
     )
 
 
+def test_my_env_is_the_readmes_environment():
+    readme = re.search(r"```python\n# my_env.py\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    assert readme is not None and (EXAMPLES / "my_env.py").read_text().endswith(readme.group(1))
+
+
 def test_my_env_evaluates_from_its_folder(tmp_path: Path):
     out = tmp_path / "my_env"
     result = run(
@@ -33,7 +39,8 @@ def test_my_env_evaluates_from_its_folder(tmp_path: Path):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(r["stop_reason"] == "completed" for r in rows)
     for r in rows:  # the reward is the weighted sum of the two functions, each also kept as a metric
-        assert r["reward"] == r["metrics"]["correct"] + 0.1 * r["metrics"]["short"]
+        assert r["reward"] == pytest.approx(r["metrics"]["correct"] + 0.2 * r["metrics"]["a_number"])
+        assert len(r["turns"][0]["completion_ids"]) <= 2  # the environment's own sampling: two tokens
     assert {k: rows[0]["prompt"][0][k] for k in ("role", "content")} == {
         "role": "system",
         "content": "Answer with the number only.",
@@ -45,6 +52,7 @@ def test_the_guides_countdown_env_runs_several_turns_and_scores_them(tmp_path: P
     out = tmp_path / "countdown"
     result = run(
         "-m", "bridges.eval", "env=countdown_env", "model=tiny", "num_examples=3", "rollouts_per_example=2",
+        "split=train",
         "env_args.max_turns=3", "progress=false", f"output={out}", cwd=EXAMPLES,
     )
     assert result.returncode == 0, result.stderr

@@ -12,21 +12,25 @@ import json
 import os
 import re
 import shutil
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bridges.envs.types import StopReason
+from bridges.jobs.eval_resume import (
+    DATASET_FOLDER,
+    METADATA_FILE,
+    RESULTS_FILE,
+    check_resumable,
+    model_fingerprint,
+    resume,
+    start_afresh,
+)
 from bridges.models.hardware import DEVICE_HELP, DTYPE_HELP, DTYPES, check_device
 from bridges.runs.config import option
 from bridges.runs.preflight import build_environment, check_dataset, check_model, check_writable_folder
-from bridges.runtime.errors import ConfigError
-
-RESULTS_FILE = "results.jsonl"
-METADATA_FILE = "metadata.json"
-# What makes two runs the same run: resuming into an output written by another is refused.
-RUN_IDENTITY = ("env", "env_args", "model", "rollouts_per_example", "split")
+from bridges.runtime.errors import ConfigError, RewardFunctionError
 
 
 @dataclass
@@ -62,6 +66,7 @@ class EvalConfig:
     output: str | None = option(None, help="results folder; default outputs/<env>--<model>")
     split: str = option("eval", choices=("eval", "train"), help="which dataset split to evaluate")
     progress: bool = option(True, help="a progress bar")
+    overwrite: bool = option(False, help="start output afresh: drop the rows an earlier evaluation saved there")
 
 
 def default_output(env: str, model: str) -> Path:
@@ -88,50 +93,7 @@ def validate(config: EvalConfig, output: Path) -> None:
         engine_class(config.engine)  # an unimportable path is one sentence, before anything runs
 
 
-# ---------------------------------------------------------------- saved results (resume)
-
-
-def read_results(path: Path, rollouts_per_example: int) -> tuple[list[dict[str, Any]], bool]:
-    """Records of complete groups (all K rollouts saved), and whether anything else had to be dropped.
-
-    Groups are appended whole, so an incomplete group or an unreadable line can only come from a
-    crash in the middle of a write; those rows are generated again.
-    """
-    if not path.exists():
-        return [], False
-    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    dropped = False
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            dropped = True
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("example_id"), int):
-            dropped = True
-            continue
-        groups[int(record["example_id"])].append(record)
-    kept = []
-    for records in groups.values():
-        if len(records) == rollouts_per_example:
-            kept.extend(records)
-        else:
-            dropped = True
-    return kept, dropped
-
-
-def check_resumable(output: Path, identity: dict[str, Any]) -> None:
-    path = output / METADATA_FILE
-    if not path.exists() or not (output / RESULTS_FILE).exists():
-        return
-    saved = json.loads(path.read_text())
-    differing = [k for k in RUN_IDENTITY if saved.get(k) != identity[k]]
-    if differing:
-        was = ", ".join(f"{k}={json.dumps(saved.get(k))}" for k in differing)
-        now = ", ".join(f"{k}={json.dumps(identity[k])}" for k in differing)
-        raise ConfigError(
-            f"output '{output}' holds a run with {was}, not {now}; pass another output=<dir> or the same settings."
-        )
+# ---------------------------------------------------------------- results
 
 
 class ResultsWriter:
@@ -223,23 +185,32 @@ def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
     staging.rename(path)
 
 
-def _resume(output: Path, dataset: Any, rollouts_per_example: int) -> tuple[list[dict[str, Any]], Any]:
-    """The rows an earlier run of this evaluation saved, and the dataset rows still to generate."""
-    results_path = output / RESULTS_FILE
-    saved, dropped = read_results(results_path, rollouts_per_example)
-    if dropped:  # rewrite without the partial group a crash left behind
-        from bridges.envs.results import dumps
+def _dataset(config: EvalConfig, env: Any) -> Any:
+    """The rows to evaluate. An environment without an eval split would hand back its training rows for
+    ``split=eval`` (``get_eval_dataset`` falls back to them): that is refused, not done silently."""
+    if config.split == "eval" and getattr(env, "eval_dataset", None) is None:
+        raise ConfigError(
+            f"environment '{config.env}' has no eval split, so split=eval would evaluate its training rows; pass "
+            "split=train to evaluate on those (named so in the summary), or build it with eval_dataset=."
+        )
+    check_dataset(env, config.split, config.env)
+    split = env.get_eval_dataset if config.split == "eval" else env.get_dataset
+    return split(n=config.num_examples)
 
-        results_path.write_text("".join(dumps(r) + "\n" for r in saved))
-    wanted = set(dataset["example_id"])
-    resumed = [r for r in saved if r["example_id"] in wanted]  # a smaller num_examples uses a subset
-    done = {r["example_id"] for r in resumed}
-    rows = dataset.filter(lambda row: row["example_id"] not in done) if done else dataset
-    print(
-        f"{len(resumed)} rows resumed from {results_path} ({len(done)} examples); "
-        f"generating {len(rows) * rollouts_per_example} rows ({len(rows)} examples)."
-    )
-    return resumed, rows
+
+def check_rewards(records: list[dict[str, Any]], results: Path) -> None:
+    """A reward function that raised is a bug to fix, not a score: exit 2 quoting its own message and the
+    row it failed on. The failed groups are saved, and generated again by the same command once fixed."""
+    failed = [r for r in records if r.get("stop_reason") == StopReason.REWARD_ERROR.value]
+    if failed:
+        first = failed[0]
+        prompt = first.get("prompt")
+        asked = prompt[-1].get("content") if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else prompt
+        raise RewardFunctionError(
+            f"{first['error'].rstrip('.')} (example {first['example_id']}, prompt {str(asked)[:80]!r}; {len(failed)} "
+            f"of {len(records)} rollouts failed, each saved in {results} with its error); fix it and run the same "
+            "command again: those examples are scored again."
+        )
 
 
 def evaluate(config: EvalConfig) -> int:
@@ -247,24 +218,24 @@ def evaluate(config: EvalConfig) -> int:
     folder is written. Returns the exit code."""
     output = Path(config.output) if config.output else default_output(config.env, config.model)
     validate(config, output)
-    identity = {"env": config.env, "env_args": config.env_args, "model": config.model,
-                "rollouts_per_example": config.rollouts_per_example, "split": config.split}
-    check_resumable(output, identity)
     env = build_environment(config.env, config.env_args)
-    check_dataset(env, config.split, config.env)
-    split = env.get_eval_dataset if config.split == "eval" else env.get_dataset
-    dataset = split(n=config.num_examples)
+    dataset = _dataset(config, env)
     sampling_args = {k: v for k, v in asdict(config.sampling).items() if v is not None}
+    identity = {"env": config.env, "env_args": config.env_args, "model": config.model,
+                "model_fingerprint": model_fingerprint(config.model), "engine": config.engine,
+                "base_url": config.base_url if config.engine == "openai" else None,
+                "rollouts_per_example": config.rollouts_per_example, "split": config.split,
+                "sampling_args": {**(env.sampling_args or {}), **sampling_args}}
+    if config.overwrite:
+        start_afresh(output)
+    check_resumable(output, identity)
     token_ids = config.engine != "openai"
     # a missing API key fails here, before any work; a local model loads only if something is left to do
     remote = build_client(config) if config.engine == "openai" else None
     output.mkdir(parents=True, exist_ok=True)
-    resumed, rows = _resume(output, dataset, config.rollouts_per_example)
-    metadata = {
-        **identity, "engine": config.engine, "base_url": config.base_url if config.engine == "openai" else None,
-        "num_examples": len(dataset), "sampling_args": {**(env.sampling_args or {}), **sampling_args},
-        "seed": config.seed, "token_ids": token_ids, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    resumed, rows = resume(output, dataset, config.rollouts_per_example)
+    metadata = {**identity, "num_examples": len(dataset), "seed": config.seed, "token_ids": token_ids,
+                "started": datetime.now(UTC).isoformat(timespec="seconds")}
     (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     writer = ResultsWriter(output / RESULTS_FILE)
     if len(rows):
@@ -276,14 +247,16 @@ def evaluate(config: EvalConfig) -> int:
         )
     records = resumed + writer.records
     summary = summarize(records, config.rollouts_per_example)
-    save_dataset(records, output / "dataset")
-    metadata.update(summary=summary, resumed_rows=len(resumed), new_rows=len(writer.records))
-    metadata["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    save_dataset(records, output / DATASET_FOLDER)
+    metadata.update(summary=summary, resumed_rows=len(resumed), new_rows=len(writer.records),
+                    finished=datetime.now(UTC).isoformat(timespec="seconds"))
     (output / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    split = "" if config.split == "eval" else " | split=train (the training rows)"
     header = (
         f"{config.env} | {config.model} ({config.engine}) | {config.rollouts_per_example} rollouts per example"
-        f" | {len(resumed)} rows resumed, {len(writer.records)} new"
+        f"{split} | {len(resumed)} rows resumed, {len(writer.records)} new"
     )
     print(format_table(summary, header, token_ids))
-    print(f"saved {len(records)} rows to {output / RESULTS_FILE} and {output / 'dataset'}")
+    print(f"saved {len(records)} rows to {output / RESULTS_FILE} and {output / DATASET_FOLDER}")
+    check_rewards(records, output / RESULTS_FILE)
     return 0

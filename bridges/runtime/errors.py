@@ -51,6 +51,10 @@ class NothingTrainedError(BridgesError, RuntimeError):
     """A run ended without one step that had anything to learn from (every group's rewards equal)."""
 
 
+class RewardFunctionError(BridgesError, RuntimeError):
+    """A reward function raised (or returned no number) on a row: a bug in the rubric, not a score."""
+
+
 class JudgeError(BridgesError, RuntimeError):
     """An LLM judge timed out, failed after retries, or answered something unparseable."""
 

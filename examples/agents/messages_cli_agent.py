@@ -1,7 +1,7 @@
 """A command-line agent that speaks Anthropic's Messages API, trained as a separate program.
 
     cd examples/agents
-    python -m bridges.eval env=messages_cli_agent model=tiny-qwen2.5 num_examples=2
+    python -m bridges.eval env=messages_cli_agent model=tiny-qwen2.5 num_examples=2 split=train
 
 Run as a program (``python messages_cli_agent.py``), it is what a CLI coding agent is to
 ``AgentEnv``: it finds its model through ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (which

@@ -137,7 +137,7 @@ def test_default_output_names_env_and_model() -> None:
 
 
 def test_read_results_keeps_only_complete_groups(tmp_path: Path) -> None:
-    from bridges.jobs.evaluate import read_results
+    from bridges.jobs.eval_resume import read_results
 
     path = tmp_path / "results.jsonl"
     assert read_results(path, 2) == ([], False)
@@ -147,3 +147,102 @@ def test_read_results_keeps_only_complete_groups(tmp_path: Path) -> None:
     assert [r["n"] for r in kept] == [1, 2] and dropped
     path.write_text("".join(json.dumps(x) + "\n" for x in lines[:2]))
     assert read_results(path, 2) == (lines[:2], False)
+
+
+SCORED_ENV = '''
+from datasets import Dataset
+import bridges as br
+
+def load_environment(mode: str = "ok", held_out: bool = True) -> br.Environment:
+    rows = [{"question": f"Say {i}", "answer": str(i)} for i in range(4)]
+    def correct(completion, answer) -> float:
+        if answer == "2" and mode == "raise":
+            raise ValueError("no score for two")
+        if answer == "2" and mode == "none":
+            return None
+        return float(completion[-1]["content"].strip() == answer)
+    held = Dataset.from_list(rows) if held_out else None
+    return br.SingleTurnEnv(dataset=Dataset.from_list(rows), eval_dataset=held, rubric=br.Rubric(funcs=[correct]),
+                            sampling_args={"max_tokens": 3})
+'''
+
+
+@pytest.fixture
+def scored_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "scored_env.py").write_text(SCORED_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "scored_env"
+
+
+@pytest.mark.parametrize("mode", ["raise", "none"])
+def test_a_reward_that_fails_exits_2_quoting_it_and_the_same_command_scores_it_again_once_fixed(
+    mode: str, scored_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = [f"env={scored_env}", "model=tiny", "progress=false", f"output={out}"]
+    err = exit_error([*argv, f"env_args.mode={mode}"], capsys)
+    said = "raised ValueError: no score for two" if mode == "raise" else "returned None"
+    assert err.startswith(f"error: reward function 'correct' {said}") and "(example 2, prompt 'Say 2'; 1 of 4" in err
+    assert len(rows(out)) == 4  # everything was written first
+    # env_args differ once fixed, so the fixed environment is the same env called with mode=ok: start afresh
+    err = exit_error([*argv, "env_args.mode=ok"], capsys)
+    assert 'env_args={"mode": "' in err and "overwrite=true" in err
+
+
+def test_a_reward_fixed_in_place_regenerates_only_the_failed_group(
+    scored_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = [f"env={scored_env}", "model=tiny", "progress=false", f"output={out}"]
+    exit_error([*argv, "env_args.mode=raise"], capsys)
+    module = tmp_path / "scored_env.py"  # the user fixes the reward in the same file, same arguments
+    module.write_text(SCORED_ENV.replace('raise ValueError("no score for two")', "return 0.0"))
+    sys.modules.pop(scored_env, None)
+    assert main([*argv, "env_args.mode=raise"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 rows resumed" in printed and "generating 1 rows (1 examples)" in printed
+    assert sorted(r["example_id"] for r in rows(out)) == [0, 1, 2, 3] and all(r["error"] is None for r in rows(out))
+
+
+def test_resumed_rows_were_made_with_the_same_sampling_or_overwrite_starts_afresh(
+    scored_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = [f"env={scored_env}", "model=tiny", "progress=false", f"output={out}", "num_examples=2"]
+    assert main(argv) == 0
+    assert "made with this model" not in capsys.readouterr().out
+    err = exit_error([*argv, "sampling.max_tokens=1"], capsys)
+    assert 'sampling_args={"max_tokens": 3}, not sampling_args={"max_tokens": 1}' in err and "overwrite=true" in err
+    (out / "notes.txt").write_text("mine")
+    assert main([*argv, "sampling.max_tokens=1", "overwrite=true"]) == 0
+    assert "0 rows resumed" in capsys.readouterr().out
+    assert all(len(r["turns"][0]["completion_ids"]) == 1 for r in rows(out))
+    assert (out / "notes.txt").read_text() == "mine"  # overwrite removes only what an evaluation wrote
+    assert main([*argv, "sampling.max_tokens=1"]) == 0
+    assert "2 rows resumed from" in capsys.readouterr().out
+
+
+def test_a_local_model_changed_in_place_is_another_model(
+    scored_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from bridges.models.tiny import tiny_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_path(), model)
+    argv = [f"env={scored_env}", f"model={model}", "progress=false", f"output={tmp_path / 'run'}", "num_examples=1"]
+    assert main(argv) == 0
+    (model / "config.json").write_text((model / "config.json").read_text() + "\n")  # exported again, say
+    assert "model_fingerprint=" in exit_error(argv, capsys)
+
+
+def test_an_environment_without_an_eval_split_is_one_sentence_and_split_train_is_named(
+    scored_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [f"env={scored_env}", "env_args.held_out=false", "model=tiny", "progress=false", f"output={tmp_path / 'r'}"]
+    err = exit_error(argv, capsys)
+    assert "has no eval split" in err and "split=train" in err
+    assert not (tmp_path / "r").exists()
+    assert main([*argv, "split=train"]) == 0
+    assert "split=train (the training rows)" in capsys.readouterr().out
