@@ -58,9 +58,13 @@ def batch_seed(seed: int, step: int) -> int:
     return seed * 7919 + step
 
 
-def step_tallies(groups: list[Group], stats: SampleStats, engine_version: int) -> dict[str, float]:
+def step_tallies(
+    groups: list[Group], stats: SampleStats, engine_version: int, reward_names: tuple[str, ...] = ()
+) -> dict[str, float]:
     """One process's share of a step as sums (``max/`` keys: maxima), so several processes' shares add up
-    exactly (``step_metrics`` turns the total into the step's row)."""
+    exactly (``step_metrics`` turns the total into the step's row). ``reward_names``: the rubric's
+    functions, each tallied from the valid episodes' own scores (``fn/<name>/…``), so a run shows which
+    function moved, not only their weighted total."""
     episodes = [s for g in groups for s in g.states]
     valid = [s for s in episodes if s.trainable]
     rewards = [float(s.reward) for s in valid if s.reward is not None]
@@ -76,17 +80,29 @@ def step_tallies(groups: list[Group], stats: SampleStats, engine_version: int) -
     }
     for reason, count in Counter(e.stop_reason for e in episodes).items():
         tallies[f"stop/{reason}"] = count
+    for name in reward_names:
+        scores = [float(s.metrics[name]) for s in valid if isinstance(s.metrics.get(name), (int, float))]
+        tallies.update({f"fn/{name}/n": len(scores), f"fn/{name}/sum": sum(scores),
+                        f"fn/{name}/sq_sum": sum(x * x for x in scores)})
     return tallies
+
+
+def _moments(count: float, total: float, squares: float) -> tuple[float | None, float | None]:
+    """Mean and (population) standard deviation from a count, a sum and a sum of squares."""
+    if not count:
+        return None, None
+    mean = total / count
+    return mean, max(0.0, squares / count - mean * mean) ** 0.5
 
 
 def step_metrics(tallies: dict[str, float]) -> dict[str, Any]:
     """The step's metric row from its (summed) tallies."""
-    n, episodes = tallies["rewards"], int(tallies["episodes"])
-    mean = tallies["reward_sum"] / n if n else None
+    episodes = int(tallies["episodes"])
+    mean, std = _moments(tallies["rewards"], tallies["reward_sum"], tallies["reward_sq_sum"])
     masked = episodes - int(tallies["valid"])
     row: dict[str, Any] = {
         "reward/mean": mean,
-        "reward/std": max(0.0, tallies["reward_sq_sum"] / n - mean * mean) ** 0.5 if mean is not None else None,
+        "reward/std": std,
         "episodes/total": episodes,
         "episodes/masked": masked,
         "episodes/masked_fraction": masked / episodes if episodes else 0.0,
@@ -99,4 +115,8 @@ def step_metrics(tallies: dict[str, float]) -> dict[str, Any]:
         "drift/tokens": int(tallies["drift_tokens"]),
     }
     row.update({key: int(value) for key, value in tallies.items() if key.startswith("stop/")})
+    for key in [k for k in tallies if k.startswith("fn/") and k.endswith("/n")]:
+        name = key[len("fn/"):-len("/n")]
+        fn_mean, fn_std = _moments(tallies[key], tallies[f"fn/{name}/sum"], tallies[f"fn/{name}/sq_sum"])
+        row.update({f"reward/{name}/mean": fn_mean, f"reward/{name}/std": fn_std})
     return row

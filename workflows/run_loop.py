@@ -97,6 +97,7 @@ class RunSpec:
     reducer: Reducer = Reducer()
     rows_together: int = 1  # Environment.rows_together: blocks of rows the data order keeps adjacent
     eval_dataset: Any = None  # the held-out rows ``eval_every`` evaluates on
+    reward_names: tuple[str, ...] = ()  # the rubric's functions: each gets reward/<name>/mean and std
 
 
 async def run_training(
@@ -132,7 +133,7 @@ async def run_training(
             if streak >= MAX_NONFINITE_STEPS:
                 raise _diverged(position.step + 1, streak, result)
             position = RunPosition(position.step + 1, position.data_position + t.batch_size)
-            tallies = reducer.combine(step_tallies(groups, stats, learner.weight_version))
+            tallies = reducer.combine(step_tallies(groups, stats, learner.weight_version, spec.reward_names))
             row = {"step": position.step, **step_metrics(tallies), **result,
                    "timing/train_s": time.perf_counter() - training, "timing/wait_generation_s": waited,
                    "timing/elapsed_s": time.perf_counter() - started, "weight_version": learner.weight_version}
@@ -183,8 +184,9 @@ async def evaluate(config: Any, spec: RunSpec, learner: Learner, traces: Any, st
     for group in groups:
         traces.write_group(group, step=step, split="eval")
     _, stats = groups_to_samples(groups, config.trainer.max_completion_length)
-    metrics = step_metrics(spec.reducer.combine(step_tallies(groups, stats, learner.weight_version)))
-    return {f"eval/{key}": metrics[key] for key in EVAL_KEYS}
+    metrics = step_metrics(spec.reducer.combine(step_tallies(groups, stats, learner.weight_version, spec.reward_names)))
+    per_function = [f"reward/{name}/{moment}" for name in spec.reward_names for moment in ("mean", "std")]
+    return {f"eval/{key}": metrics[key] for key in (*EVAL_KEYS, *per_function)}
 
 
 def _diverged(step: int, streak: int, result: dict[str, Any]) -> TrainingDivergedError:

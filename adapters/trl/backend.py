@@ -142,9 +142,31 @@ def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def grpo_metric_row(rollouts_per_step: int, eval_every: int = 0, max_steps: int = 0) -> RowOf:
+def rubric_weights(env: Any) -> dict[str, float]:
+    """``{function: weight}`` of the rubric's functions TRL scores (those of non-zero weight)."""
+    rubric = env.rubric
+    pairs = zip(rubric.get_reward_func_names(), rubric.get_reward_weights(), strict=True)
+    return {name: float(weight) for name, weight in pairs if weight != 0.0}
+
+
+def function_rewards(logs: dict[str, Any], weights: dict[str, float]) -> dict[str, float]:
+    """TRL's ``rewards/<function>/mean|std`` as the shared ``reward/<function>/mean|std``: each of our TRL
+    reward functions returns its weight times the function's score (``trl_reward_funcs``), so the weight
+    is divided out and every backend reports the function's own score."""
+    row = {}
+    for name, weight in weights.items():
+        for moment in ("mean", "std"):
+            value = logs.get(f"rewards/{name}/{moment}")
+            if isinstance(value, int | float) and weight:
+                row[f"reward/{name}/{moment}"] = value / (weight if moment == "mean" else abs(weight))
+    return row
+
+
+def grpo_metric_row(rollouts_per_step: int, eval_every: int = 0, max_steps: int = 0,
+                    weights: dict[str, float] | None = None) -> RowOf:
     """A GRPO training log line (the ones with a reward) as a ``metrics.jsonl`` row in the names every
-    backend shares, with ``episodes/total``, the rollouts of the step, which TRL does not log.
+    backend shares, with ``episodes/total``, the rollouts of the step, which TRL does not log, and each
+    rubric function's score (``weights``: the rubric's non-zero weights by function).
 
     TRL logs an evaluation as a line of its own right after its step's line; a step that evaluates
     (``eval_due``) is held until that line comes and written once with its ``eval/*`` keys, as the
@@ -159,6 +181,7 @@ def grpo_metric_row(rollouts_per_step: int, eval_every: int = 0, max_steps: int 
         if "reward" not in logs:
             return None
         row = renamed({"step": step, "episodes/total": rollouts_per_step, **logs}, TRL_METRIC_NAMES)
+        row.update(function_rewards(logs, weights or {}))
         if eval_due(eval_every, step, max_steps):
             held["row"] = row
             return None
@@ -293,7 +316,8 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         args=args,
         processing_class=tokenizer,
         peft_config=lora_config(t),
-        callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size, config.eval_every, t.max_steps), logger, progress)],
+        callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size, config.eval_every, t.max_steps,
+                                                    rubric_weights(env)), logger, progress)],
         **eval_examples(trl_trainer_kwargs(env, num_generations=t.group_size), config),
     )
     quiet_console(trainer)

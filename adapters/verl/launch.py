@@ -127,9 +127,11 @@ def ray_runtime_env(env: dict[str, str]) -> dict[str, Any]:
 def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> int:
     """After verl exits: metrics.jsonl under the shared names, the reward curve, the summary line."""
     from bridges.adapters.verl.run_files import fold_metrics
+    from bridges.envs.registry import load_environment
     from bridges.runs.metrics import finish_run
 
-    rows = fold_metrics(run_dir, resume_step)
+    names = tuple(load_environment(config.env, **config.env_args).rubric.get_reward_func_names())
+    rows = fold_metrics(run_dir, resume_step, names)
     if code != 0:
         print(f"verl's trainer exited with code {code}; the steps it finished are in "
               f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)

@@ -68,7 +68,14 @@ def _trainable(line: dict[str, Any]) -> bool:
     return is_trainable(line.get("error"), line.get("stop_reason"), line.get("reward"), tokens)
 
 
-def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
+def _moments(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _reward_rows(run_dir: Path, reward_names: tuple[str, ...] = ()) -> dict[int, dict[str, Any]]:
     """The reward figures of each step's rollouts, and under ``eval/`` those of verl's validations, on
     the row of the step whose weights they sampled (a trace's step is one past those; the validation
     before training, on step 0's weights, has no row). ``traces.jsonl`` is read once for both."""
@@ -84,24 +91,26 @@ def _reward_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = defaultdict(dict)
     for (step, prefix), lines in by_step.items():
         valid = [x for x in lines if _trainable(x)]
-        rewards = [float(x["reward"]) for x in valid]
-        mean = sum(rewards) / len(rewards) if rewards else None
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if mean is not None else None
+        mean, std = _moments([float(x["reward"]) for x in valid])
         masked = len(lines) - len(valid)
         figures = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
                    "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}
+        for name in reward_names:  # each function's own score, as every backend reports it
+            scores = [float(x["metrics"][name]) for x in valid if isinstance((x.get("metrics") or {}).get(name), int | float)]
+            figures[f"reward/{name}/mean"], figures[f"reward/{name}/std"] = _moments(scores)
         rows[step].update({f"{prefix}{k}": v for k, v in figures.items()})
     return rows
 
 
-def fold_metrics(run_dir: Path, resume_step: int) -> list[dict[str, Any]]:
+def fold_metrics(run_dir: Path, resume_step: int, reward_names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """``metrics.jsonl``: the rows up to ``resume_step`` kept, then one row per step verl logged in
-    this launch (its native names mapped, the reward figures from the traces). Returns every row."""
+    this launch (its native names mapped, the reward figures from the traces, each of ``reward_names``
+    among them). Returns every row."""
     from bridges.runs.metrics import renamed
 
     path = run_dir / "metrics.jsonl"
     rows = [r for r in read_metric_rows(path) if r.get("step", 0) <= resume_step]
-    rewards = _reward_rows(run_dir)
+    rewards = _reward_rows(run_dir, reward_names)
     native = run_dir / NATIVE_METRICS
     for line in native.read_text().splitlines() if native.exists() else []:
         try:

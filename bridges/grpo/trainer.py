@@ -468,7 +468,8 @@ async def _train(config: TrainConfig) -> int:
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
                    ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
-                   rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env))
+                   rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env),
+                   reward_names=tuple(run.env.rubric.get_reward_func_names()))
     finished = False
     try:
         await (

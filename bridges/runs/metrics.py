@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from bridges.runs.reward_parts import progress_text, summary_lines
 from bridges.runtime.errors import ConfigError, NothingTrainedError, require_extra
 
 # The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the guide's
@@ -112,6 +113,7 @@ class StepProgress:
         reward, loss = row.get("reward/mean"), row.get("loss", 0.0)
         text = f"reward={reward:.3f}" if isinstance(reward, int | float) else "reward=n/a"
         text += f" loss={loss:.4f}" if isinstance(loss, int | float) else " loss=n/a"
+        text += progress_text(row)
         if "episodes/masked" in row:
             text += f" masked={row['episodes/masked']}"
         evaluated = row.get("eval/reward/mean")
@@ -141,6 +143,8 @@ def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: l
             f"reward: first {len(head)} steps {sum(head) / len(head):.3f} -> last {len(tail)} steps "
             f"{sum(tail) / len(tail):.3f} over {len(rows)} steps"
         )
+        for line in summary_lines(rows):
+            print(line)
     files = [*written, *(["reward_curve.png"] if curve else [])]
     print(f"run written to {run_dir} ({', '.join(files)})")
     check_something_trained(rows)
