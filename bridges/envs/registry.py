@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -112,7 +113,9 @@ def find_loader(env_id: str) -> Callable[..., Any]:
             return _loader_from(module, f"the verifiers v1 taskset '{module.__name__}'")
     names = list_bundled_environments()
     bundled = ", ".join(names) or "none"
-    close = difflib.get_close_matches(module_name, names, n=1, cutoff=0.5)
+    # the working folder's own modules too: a newcomer's typo is most often of the file they just wrote
+    local = sorted(p.stem for p in Path.cwd().glob("*.py") if p.stem.isidentifier())
+    close = difflib.get_close_matches(module_name, [*local, *names], n=1, cutoff=0.5)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise EnvironmentNotFoundError(
         f"no environment '{env_id}'{hint}: it is not bundled (bundled: {bundled}), not registered under the "

@@ -10,7 +10,7 @@ from typing import Any
 
 from bridges.models.hardware import check_process_devices
 from bridges.runs.backends import Backend, backend_section, installed_sections, resolve_backend
-from bridges.runs.config import HelpRequested, parse_config, to_yaml, with_open_sections
+from bridges.runs.config import HelpRequested, help_text, parse_config, to_yaml, with_open_sections
 from bridges.runs.metrics import quiet_library_bars
 from bridges.runs.preflight import (
     build_environment,
@@ -102,6 +102,11 @@ def backend_help(args: list[str]) -> None:
         name = arg.split("=", 1)[1] if arg.startswith("help=") else None
         if name is not None and name in available_backends():
             raise HelpRequested(resolve_backend(name).section_help())
+        if name is not None:
+            try:
+                help_text(train_schema(), name)
+            except ConfigError as exc:  # the sentence lists the sections; the backends are sections too
+                raise ConfigError(f"{str(exc).rstrip('.')}; backends: {', '.join(available_backends())}.") from None
 
 
 def train(args: list[str]) -> int:

@@ -199,7 +199,9 @@ def parse_config(schema: type[T], argv: Sequence[str]) -> T:
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument '{arg}' is not of the form key=value (for example num_examples=8).")
         key, value = arg.split("=", 1)
-        key = key.lstrip("-").replace("-", "_") if key.startswith("--") else key
+        if key.startswith("-"):  # one syntax, as every page writes it: a dashed key is not taken silently
+            bare = key.lstrip("-").replace("-", "_")
+            raise ConfigError(f"argument '{arg}' has leading dashes; arguments are key=value: {bare}={value}.")
         if key == "config":
             yaml_path = value
         else:

@@ -225,5 +225,6 @@ def plot_curve(rows: list[dict[str, Any]], key: str, label: str, path: Path, tit
             ax.set_ylim(-0.02, 1.02 if max(values) <= 1 else None)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right" if key == "reward/mean" else "upper right")
+        # below the axes, never over a curve (inside, a low curve ran under it)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, fontsize="small")
     return path

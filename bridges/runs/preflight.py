@@ -81,6 +81,11 @@ def check_model(model: str) -> None:
         return
     path = Path(model).expanduser()
     if path.exists():
+        if path.is_dir() and (path / "metrics.jsonl").is_file() and not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model '{model}' is a training run's folder, not a model folder; export its weights first "
+                f"(python -m bridges.export model={model} output=models/{path.name}), then pass model=models/{path.name}."
+            )
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ConfigError(f"model '{model}' is not a model folder (it has no config.json).")
         return
