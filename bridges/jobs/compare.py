@@ -14,6 +14,7 @@ from typing import Any
 
 from bridges.jobs.compare_report import (
     BackendResult,
+    caveats,
     comparisons,
     plot_curves,
     plot_distributions,
@@ -227,7 +228,9 @@ def compare(config: CompareConfig) -> int:
         for name in config.backends:
             print(f"evaluating {config.env} through {name} ...", flush=True)
             results.append(asyncio.run(evaluate_backend(name, env, config, model_path)))
-    images, sections = [], {}
+    images, sections, notes = [], {}, caveats(results)
+    for note in notes:
+        print(note)
     if results:
         pairs = comparisons(results, config.bootstrap, config.seed)
         sections = tables(results, pairs)
@@ -251,6 +254,7 @@ def compare(config: CompareConfig) -> int:
         f"{config.rollouts_per_example} rollouts, seed {config.seed}, temperature {config.temperature}",
         "Rollouts are paired across backends (same rows, same seeds); 'same' means the paired 95% bootstrap "
         "interval of the mean reward difference contains 0.",
+        *notes,
     ]
     md, page = write_reports(output, "rl-bridges backend comparison", header, sections, images)
     print(f"report written to {md} and {page}")

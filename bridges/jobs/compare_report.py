@@ -35,9 +35,26 @@ class BackendResult:
     def valid(self) -> list[float]:
         return [r for r in self.rewards if r is not None]
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+    def completions(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Each rollout's sampled token ids, turn by turn (paired by position across backends)."""
+        return [tuple(tuple(t.get("completion_ids") or ()) for t in row.get("turns") or ()) for row in self.rows]
+
+
+def caveats(results: list[BackendResult]) -> list[str]:
+    """What makes the verdicts say less than they seem to: rewards all zero (every verdict is 'same' by
+    construction) or completions identical across backends (the same engine and seeds sampled the same
+    tokens: the verdicts check each backend's rendering and scoring, not its sampling)."""
+    said = []
+    valid = [v for r in results for v in r.valid]
+    if valid and all(v == 0.0 for v in valid):
+        said.append("nothing to compare: every rollout of every backend earned reward 0, so every verdict is "
+                    "'same' by construction; compare a model that partly solves the task (a trained run's "
+                    "checkpoint, see docs/guide/compare.md).")
+    sampled = [r.completions() for r in results]
+    if len(results) > 1 and sampled[0] and all(s == sampled[0] for s in sampled[1:]):
+        said.append("every backend sampled the same completions token for token (one set of weights, the same "
+                    "seeds): the verdicts check each backend's rendering, tokens and scoring, not its sampling.")
+    return said
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -122,13 +139,14 @@ def _fmt(x: float, digits: int = 4) -> str:
 
 def tables(results: list[BackendResult], pairs: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
     per_backend = [
-        ["backend", "engine", "rollouts", "reward mean ± 95% CI", "errored", "drift tokens", "tokens/s"]
+        # no tokens/s: a one-off evaluation of a few rows times start-up and warm-up, not the engine
+        ["backend", "engine", "rollouts", "reward mean ± 95% CI", "errored", "drift tokens"]
     ]
     for r in results:
         mean, half = mean_ci(r.valid)
         per_backend.append(
             [r.name, r.engine, str(len(r.rewards)), f"{_fmt(mean)} ± {_fmt(half)}", str(len(r.rewards) - len(r.valid)),
-             str(sum(r.drift_tokens)), f"{r.tokens_per_s:.1f}"]
+             str(sum(r.drift_tokens))]
         )
     reasons = sorted({s for r in results for s in r.stop_reasons})
     stops = [["backend", *reasons]]

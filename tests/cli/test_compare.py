@@ -48,6 +48,9 @@ def test_identical_engines_give_identical_paired_rewards_and_say_same(
     rewards = {b: [r["reward"] for r in rows if r["backend"] == b] for b in ("grpo", "trl", "verl")}
     assert rewards["grpo"] == rewards["trl"] == rewards["verl"] and len(set(rewards["grpo"])) > 1
     assert "| grpo − trl | 0.0000 | [0.0000, 0.0000] | 24 | same |" in report
+    identical = "every backend sampled the same completions token for token"
+    assert identical in printed and identical in report and "nothing to compare" not in report  # rewards spread
+    assert "tokens/s" not in report  # a few rows evaluated once time start-up, not the engine
     assert (tmp_path / "rewards.png").stat().st_size > 1000 and "<table>" in (
         tmp_path / "report.html"
     ).read_text()
@@ -58,7 +61,7 @@ def test_a_different_temperature_on_one_backend_says_differ(
 ):
     report = run_compare(tmp_path, "backends=[grpo,trl]", "backend_sampling.trl.temperature=0.05")
     assert "-> differ" in capsys.readouterr().out
-    assert "| differ |" in report
+    assert "| differ |" in report and "same completions token for token" not in report
 
 
 def test_bootstrap_verdicts_on_known_differences():
@@ -124,3 +127,20 @@ def test_done_when_command_on_three_backends(tmp_path: Path):
     for backend in ("grpo", "trl", "tinker"):
         assert f"| {backend} |" in report
     assert "tinker (local server)" in report and (tmp_path / "rewards.png").exists()
+    # a random model earns 0 on reverse_text everywhere: the report says the verdicts mean nothing
+    assert "nothing to compare: every rollout of every backend earned reward 0" in report
+    assert "nothing to compare" in result.stdout
+
+
+def test_caveats_are_said_only_when_they_hold():
+    from bridges.jobs.compare_report import BackendResult, caveats
+
+    def result(name: str, rewards: list[float], ids: list[list[int]]) -> BackendResult:
+        rows = [{"turns": [{"completion_ids": i}]} for i in ids]
+        return BackendResult(name, "hf", rewards, ["completed"] * len(rewards), [0] * len(rewards), 0, 1.0, rows)
+
+    zero, same = caveats([result("a", [0.0, 0.0], [[1], [2]]), result("b", [0.0, 0.0], [[1], [3]])]), None
+    assert len(zero) == 1 and zero[0].startswith("nothing to compare")
+    same = caveats([result("a", [0.5, 1.0], [[1], [2]]), result("b", [0.5, 1.0], [[1], [2]])])
+    assert len(same) == 1 and same[0].startswith("every backend sampled the same completions")
+    assert caveats([result("a", [0.5, 1.0], [[1], [2]]), result("b", [0.5, 0.0], [[1], [4]])]) == []
