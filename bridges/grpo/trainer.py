@@ -419,6 +419,7 @@ class _Learner:
 
     run: _Prepared
     rollouts: Rollouts
+    started: list[asyncio.Future[list[Group]]] = dataclasses.field(default_factory=list)
 
     @property
     def weight_version(self) -> int:
@@ -428,9 +429,9 @@ class _Learner:
         self, rows: list[dict[str, Any]], sampling_args: dict[str, Any]
     ) -> asyncio.Future[list[Group]]:
         world = self.run.ctx.world
-        return self.rollouts.start(
-            rows[world.rank :: world.size], sampling_args
-        )  # [distributed] whole groups
+        batch = self.rollouts.start(rows[world.rank :: world.size], sampling_args)  # [distributed] whole groups
+        self.started = [*(f for f in self.started if not f.done()), batch]
+        return batch
 
     async def push_weights(self) -> None:
         """The policy's trained tensors to the engine (whole tensors: gathered under fsdp)."""
@@ -447,6 +448,10 @@ class _Learner:
             bound(self.run.where.device, train_step), self.run.ctx, samples
         )
         if result.get("optimizer/stepped") or offloaded:
+            # the batches already started finish on the weights they started with, so which weights sample
+            # which batch is fixed by the step, never by how fast a thread ran (the same seed, the same run)
+            if in_flight := [f for f in self.started if not f.done()]:
+                await asyncio.wait(in_flight)
             await self.push_weights()
         return {
             **result,
