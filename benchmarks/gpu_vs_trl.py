@@ -65,8 +65,9 @@ def run_ours(model: Path, out: Path, args: argparse.Namespace, dtype: str, ahead
                   f"trainer.learning_rate={args.lr}", "trainer.beta=0"])
     assert code == 0, "our run failed"
     rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
-    with (out / name / "traces.jsonl").open() as traces:
-        engine = json.loads(traces.readline())["provenance"]["engine"]
+    from bridges.workflows.traces import TRACES_FILE, read_traces
+
+    engine = next(read_traces(out / name / TRACES_FILE))["provenance"]["engine"]
     timed = rows[1:] or rows
     gen_tokens = sum(
         r["tokens/completion_mean"] * (r["episodes/total"] - r["episodes/masked"]) for r in timed

@@ -1,4 +1,4 @@
-"""``python -m bridges.export rollouts=<results.jsonl|traces.jsonl|folder> output=<folder>``: rollouts -> SFT data;
+"""``python -m bridges.export rollouts=<results.jsonl|traces.jsonl.gz|folder> output=<folder>``: rollouts -> SFT data;
 ``python -m bridges.export model=<run folder> output=<folder>``: a run's trained model -> one loadable folder.
 
 The rollouts ``bridges.eval`` writes (and the traces of any training run) become a ``datasets``

@@ -124,8 +124,7 @@ async def run_training(
             waiting = time.perf_counter()
             groups = await pending.popleft()
             waited = time.perf_counter() - waiting
-            for group in groups:
-                traces.write_group(group, step=position.step + 1, split="train")
+            traces.write_groups(groups, step=position.step + 1, split="train")  # one compressed member a step
             samples, stats = groups_to_samples(groups, t.max_completion_length)
             training = time.perf_counter()
             result = await learner.train(samples)
@@ -181,8 +180,7 @@ async def evaluate(config: Any, spec: RunSpec, learner: Learner, traces: Any, st
     on them."""
     rows = [dict(row) for row in spec.eval_dataset]
     groups = await learner.start_batch(rows, {**spec.sampling_args, "seed": batch_seed(config.seed, EVAL_SEED_STEP)})
-    for group in groups:
-        traces.write_group(group, step=step, split="eval")
+    traces.write_groups(groups, step=step, split="eval")
     _, stats = groups_to_samples(groups, config.trainer.max_completion_length)
     metrics = step_metrics(spec.reducer.combine(step_tallies(groups, stats, learner.weight_version, spec.reward_names)))
     per_function = [f"reward/{name}/{moment}" for name in spec.reward_names for moment in ("mean", "std")]

@@ -47,9 +47,9 @@ class ExportReport:
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Records from a ``results.jsonl`` / ``traces.jsonl`` file, or the one such file in a folder."""
     if path.is_dir():
-        found = [path / name for name in ("results.jsonl", "traces.jsonl") if (path / name).is_file()]
+        found = [path / name for name in ("results.jsonl", "traces.jsonl.gz", "traces.jsonl") if (path / name).is_file()]
         if not found:
-            raise FileNotFoundError(f"{path} holds no results.jsonl or traces.jsonl")
+            raise FileNotFoundError(f"{path} holds no results.jsonl or traces.jsonl.gz")
         path = found[0]
     return list(read_traces(path))  # results and traces share the record format and the reader
 

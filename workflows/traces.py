@@ -4,19 +4,38 @@ A trace line is the full rollout record (``bridges.envs.results.state_to_record`
 info, token ids, reward, metrics, stop reason, error) plus where it came from (backend, engine,
 model, weight version, sampling args, environment id/args, seed, step) and the advantage it was
 trained with. Lines are flushed as each group finishes, so a crash loses no finished episode.
+
+The file is ``traces.jsonl.gz``: each write is one gzip member appended whole (a step's groups in the
+shared loop), and concatenated members are one gzip file to every reader (``gzip``, ``zcat``,
+``datasets``' json loader). Compressed, the default run's 64,000 episodes take about 5 MB instead of
+94 MB. A member cut by a kill is dropped, as a cut line was. ``read_traces`` also reads a plain
+``traces.jsonl`` (runs written before, a results file).
 """
 
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bridges.runtime.errors import ConfigError
 from bridges.workflows.types import Group
+
+TRACES_FILE = "traces.jsonl.gz"
+PLAIN_TRACES_FILE = "traces.jsonl"  # what runs wrote before traces were compressed; still read
+CHUNK_BYTES = 1 << 20
+
+
+def traces_path(run_dir: str | Path) -> Path:
+    """The run's trace file: the compressed one, or a plain one an earlier version wrote."""
+    folder = Path(run_dir)
+    plain = folder / PLAIN_TRACES_FILE
+    return plain if plain.exists() and not (folder / TRACES_FILE).exists() else folder / TRACES_FILE
 
 
 class TraceWriter:
@@ -35,19 +54,23 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.provenance = dict(provenance)
         if tidy:
-            _drop_partial_last_line(self.path)
-            if resume_step is not None:
-                _keep_steps_up_to(self.path, resume_step)
+            _keep_complete(self.path, resume_step)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write_group(self, group: Group, **extra: Any) -> int:
         """Append one line per episode of ``group``; returns the number of lines written."""
+        return self.write_groups([group], **extra)
+
+    def write_groups(self, groups: list[Group], **extra: Any) -> int:
+        """Append the episodes of ``groups`` as one member (a step's: compressed together, about half
+        the size of a member per group); returns the number of lines written."""
         lines = [
             self._line(state, group.advantages[index] if index < len(group.advantages) else 0.0, extra)
-            for index, state in enumerate(group.states)
+            for group in groups for index, state in enumerate(group.states)
         ]
-        self._append("".join(lines))
-        return len(group.states)
+        if lines:
+            self._append("".join(lines))
+        return len(lines)
 
     def write_state(self, state: Any, advantage: float | None = None, **extra: Any) -> None:
         """One rollout scored on its own (verl computes advantages after the rollout: ``None`` here)."""
@@ -63,7 +86,8 @@ class TraceWriter:
         return json.dumps({**record, "provenance": provenance}) + "\n"
 
     def _append(self, text: str) -> None:
-        data = memoryview(text.encode())
+        raw = text.encode()
+        data = memoryview(gzip.compress(raw, compresslevel=6) if self.path.suffix == ".gz" else raw)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             while data:
@@ -94,7 +118,7 @@ def open_run_files(
     *,
     main: bool = True,
 ) -> tuple[Any, TraceWriter]:
-    """A training run's ``metrics.jsonl`` logger and ``traces.jsonl`` writer, both cut back to ``step``
+    """A training run's ``metrics.jsonl`` logger and ``traces.jsonl.gz`` writer, both cut back to ``step``
     (the checkpoint a resumed run starts from), with the provenance every trace line carries. A process
     that is not the ``main`` one gets no logger and a writer that only appends."""
     import dataclasses
@@ -106,52 +130,86 @@ def open_run_files(
               if main else None)
     provenance = {"backend": backend, "engine": engine, "model": model, "env_id": config.env,
                   "env_args": config.env_args, "sampling_args": sampling_args, "seed": config.seed}
-    return logger, TraceWriter(run_dir / "traces.jsonl", provenance, resume_step=step, tidy=main)
+    return logger, TraceWriter(run_dir / TRACES_FILE, provenance, resume_step=step, tidy=main)
 
 
-def _drop_partial_last_line(path: Path) -> None:
-    """A run killed mid-write leaves a cut last line; appending after it would glue the next record
-    onto it and corrupt both. The cut record was never finished, so it is dropped."""
+def _gzip_lines(path: Path) -> Iterator[bytes]:
+    """The lines of every complete gzip member of ``path``, member by member; a member cut short (a
+    kill mid-write) and anything after it are not read."""
+    with path.open("rb") as fh:
+        member, pending = zlib.decompressobj(wbits=31), b""
+        data = fh.read(CHUNK_BYTES)
+        while data:
+            try:
+                pending += member.decompress(data)
+            except zlib.error:  # a member cut short, then another appended after it: nothing more is sound
+                return
+            if member.eof:
+                yield from pending.splitlines(keepends=True)
+                data, member, pending = member.unused_data or fh.read(CHUNK_BYTES), zlib.decompressobj(wbits=31), b""
+            else:
+                data = fh.read(CHUNK_BYTES)
+
+
+def _plain_lines(path: Path) -> Iterator[bytes]:
+    """The complete lines of a plain file (a cut last line, from a kill mid-write, is not read)."""
+    with path.open("rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n"):
+                yield line
+
+
+def raw_trace_lines(path: Path) -> Iterator[bytes]:
+    """The complete lines of a trace file, compressed or plain, as bytes (what ``read_traces`` parses)."""
+    return _gzip_lines(path) if path.suffix == ".gz" else _plain_lines(path)
+
+
+def _keep_complete(path: Path, step: int | None) -> None:
+    """Before appending: rewrite ``path`` with its complete records only (what a kill cut is dropped, or
+    the next write would be glued to it) and, for a run resumed from ``step``, none of a later step
+    (they run again). Written to a staging file, then renamed."""
     if not path.exists() or path.stat().st_size == 0:
         return
-    with path.open("rb+") as fh:
-        fh.seek(-1, 2)
-        if fh.read(1) == b"\n":
-            return
-        fh.seek(0)
-        data = fh.read()
-        fh.truncate(data.rfind(b"\n") + 1)
-
-
-def _keep_steps_up_to(path: Path, step: int) -> None:
-    """Rewrite ``path`` without the lines of steps after ``step`` (written, then staged and renamed)."""
-    if not path.exists():
+    kept, changed = [], False
+    for line in raw_trace_lines(path):
+        try:
+            line_step = (json.loads(line).get("provenance") or {}).get("step") if step is not None else None
+        except (json.JSONDecodeError, AttributeError):
+            line_step = None
+        if step is None or not isinstance(line_step, int) or line_step <= step:
+            kept.append(line)
+        else:
+            changed = True
+    body = b"".join(kept)
+    if not changed and _whole(path, body):
         return
-    kept = []
-    with path.open() as fh:
-        for line in fh:
-            try:
-                line_step = (json.loads(line).get("provenance") or {}).get("step")
-            except (json.JSONDecodeError, AttributeError):
-                continue
-            if not isinstance(line_step, int) or line_step <= step:
-                kept.append(line)
     staging = path.with_name(path.name + ".tmp")
-    staging.write_text("".join(kept))
+    staging.write_bytes(gzip.compress(body, compresslevel=6) if path.suffix == ".gz" and body else body)
     staging.replace(path)
 
 
+def _whole(path: Path, body: bytes) -> bool:
+    """Whether ``path`` holds exactly ``body`` already (nothing was cut), read cheaply for a plain file."""
+    if path.suffix != ".gz":
+        return path.stat().st_size == len(body)
+    with path.open("rb") as fh:  # a compressed file is whole when its last member ends it
+        data, member = fh.read(), zlib.decompressobj(wbits=31)
+    while data:
+        member.decompress(data)
+        if not member.eof:
+            return False
+        data, member = member.unused_data, zlib.decompressobj(wbits=31)
+    return True
+
+
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield trace lines; a truncated last line (a crash mid-write) is skipped, not fatal."""
-    with Path(path).open() as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                if fh.readline() == "":  # only the very last line may be cut short
-                    return
-                raise ConfigError(
-                    f"{path}:{number} is not valid JSON; the trace file is corrupted."
-                ) from None
+    """Yield trace lines of a ``traces.jsonl.gz`` or a plain ``traces.jsonl`` / ``results.jsonl``;
+    what a crash cut short at the end is skipped, not fatal."""
+    path = Path(path)
+    for number, line in enumerate(raw_trace_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{path}:{number} is not valid JSON; the trace file is corrupted.") from None

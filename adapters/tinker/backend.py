@@ -271,7 +271,7 @@ async def _train(config: TrainConfig, options: TinkerOptions) -> int:
         learner.sampler = await training.save_weights_and_get_sampling_client()
         sampling_args = rollout_sampling_args(config, env.sampling_args)  # temperature 1: validate()
         spec = RunSpec(run_dir, "tinker", "tinker", base_model, env.get_dataset(), sampling_args,
-                       ["metrics.jsonl", "traces.jsonl", "checkpoints.jsonl"], rows_together=env.rows_together,
+                       ["metrics.jsonl", "traces.jsonl.gz", "checkpoints.jsonl"], rows_together=env.rows_together,
                        eval_dataset=eval_rows(config, env), reward_names=tuple(env.rubric.get_reward_func_names()))
         await run_training(config, spec, learner, start)
     return 0

@@ -7,7 +7,7 @@ first and says which node in one sentence.
 
 After the run, the episodes: verl's agent-loop workers write traces to the run folder's path on their
 own node's disk. ``gather_traces`` brings every other node's file into the driver's
-``traces.jsonl`` (and removes it there), so the run folder stays the one record of the run; where
+``traces.jsonl.gz`` (and removes it there), so the run folder stays the one record of the run; where
 the nodes share the folder (one machine, a network file system) there is nothing to bring.
 """
 
@@ -110,24 +110,26 @@ def _answer(ray: Any, ref: Any, timeout: float) -> tuple[Any, str | None]:
         return None, f"could not run its task ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
 
 
-def _take_remote_traces(run_dir: str, token: str) -> str | None:
+def _take_remote_traces(run_dir: str, token: str) -> bytes | None:
     """Run on a node after the run: the traces verl's workers wrote to this node's disk, removed from it;
     None where the run folder is the driver's own (a shared file system: the driver's token is there)."""
     from pathlib import Path
 
+    from bridges.workflows.traces import TRACES_FILE
+
     folder = Path(run_dir)
     if (folder / token).exists():
         return None
-    traces = folder / "traces.jsonl"
+    traces = folder / TRACES_FILE
     if not traces.exists():
-        return ""
-    text = traces.read_text()
+        return b""
+    data = traces.read_bytes()  # whole gzip members: appended as they are, they stay one gzip file
     traces.unlink()
-    return text
+    return data
 
 
 def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIMEOUT_S) -> int:
-    """Append to the driver's ``traces.jsonl`` the episodes workers on other nodes wrote to their own
+    """Append to the driver's ``traces.jsonl.gz`` the episodes workers on other nodes wrote to their own
     disks (verl places agent-loop workers anywhere); returns how many were brought over. A node (or a
     cluster) that does not answer costs one line on stderr: its file stays where it is, and the run's
     outcome is its training's."""
@@ -136,21 +138,32 @@ def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIME
 
     token = f".gather-{secrets.token_hex(8)}"
     (run_dir / token).touch()
-    texts: list[str] = []
+    import gzip
+
+    from bridges.workflows.traces import TRACES_FILE, raw_trace_lines
+
+    texts: list[bytes] = []
     try:
         with _joined(env) as ray:
             for node, ref in _on_each_node(ray, _take_remote_traces, str(run_dir), token):
                 text, problem = _answer(ray, ref, timeout)
                 if problem is not None:
                     print(f"the traces of Ray node {node['NodeManagerAddress']} were not brought over (it {problem}); "
-                          f"they stay in {run_dir / 'traces.jsonl'} on that node.", file=sys.stderr, flush=True)
+                          f"they stay in {run_dir / TRACES_FILE} on that node.", file=sys.stderr, flush=True)
                 elif text:
                     texts.append(text)
     except ConfigError as exc:
         print(f"the traces of other Ray nodes were not brought over: {exc}", file=sys.stderr, flush=True)
     finally:
         (run_dir / token).unlink()
-    with (run_dir / "traces.jsonl").open("a") as out:
-        for text in texts:
-            out.write(text if text.endswith("\n") else text + "\n")
-    return sum(text.count("\n") for text in texts)
+    brought = 0
+    with (run_dir / TRACES_FILE).open("ab") as out:
+        for data in texts:
+            staged = run_dir / f"{token}.gz"
+            staged.write_bytes(data)
+            lines = list(raw_trace_lines(staged))  # whole members only: one a kill cut is not brought
+            staged.unlink()
+            if lines:
+                out.write(gzip.compress(b"".join(lines), compresslevel=6))
+            brought += len(lines)
+    return brought

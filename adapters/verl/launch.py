@@ -137,7 +137,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
               f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)
     else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints/", "verl/"])
+                   ["metrics.jsonl", "traces.jsonl.gz", "checkpoints/", "verl/"])
     return code
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.runs.metrics import read_metric_rows
-from bridges.workflows.traces import TraceWriter, read_traces
+from bridges.workflows.traces import TRACES_FILE, TraceWriter, read_traces, traces_path
 
 NATIVE_METRICS = "verl/native_metrics.jsonl"
 # verl's metric names -> the shared ones (bridges.runs.metrics.SHARED_METRICS); rewards come from the traces
@@ -33,7 +33,7 @@ _WRITERS: dict[str, TraceWriter] = {}
 def trace_writer(run_dir: str, provenance: dict[str, Any]) -> TraceWriter:
     """One appending writer per run per process (verl builds an agent loop per trajectory)."""
     if run_dir not in _WRITERS:
-        _WRITERS[run_dir] = TraceWriter(Path(run_dir) / "traces.jsonl", provenance, tidy=False)  # cut back at launch
+        _WRITERS[run_dir] = TraceWriter(Path(run_dir) / TRACES_FILE, provenance, tidy=False)  # cut back at launch
     return _WRITERS[run_dir]
 
 
@@ -56,7 +56,7 @@ def cut_back(run_dir: Path, resume: bool) -> int:
         fold_metrics(run_dir, max(done, default=0))
     native.unlink(missing_ok=True)  # verl truncates it on open anyway; folded rows live in metrics.jsonl
     fold_metrics(run_dir, step)  # then drop the rows of the steps verl will run again
-    TraceWriter(run_dir / "traces.jsonl", {}, resume_step=step).close()
+    TraceWriter(traces_path(run_dir), {}, resume_step=step).close()
     return step
 
 
@@ -78,9 +78,9 @@ def _moments(values: list[float]) -> tuple[float | None, float | None]:
 def _reward_rows(run_dir: Path, reward_names: tuple[str, ...] = ()) -> dict[int, dict[str, Any]]:
     """The reward figures of each step's rollouts, and under ``eval/`` those of verl's validations, on
     the row of the step whose weights they sampled (a trace's step is one past those; the validation
-    before training, on step 0's weights, has no row). ``traces.jsonl`` is read once for both."""
+    before training, on step 0's weights, has no row). ``traces.jsonl.gz`` is read once for both."""
     by_step: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    path = run_dir / "traces.jsonl"
+    path = traces_path(run_dir)
     if path.exists():
         for line in read_traces(path):
             provenance = line.get("provenance") or {}

@@ -472,7 +472,7 @@ async def _train(config: TrainConfig) -> int:
     rollouts = await _rollouts(run)
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,
-                   ["metrics.jsonl", "traces.jsonl", "checkpoints/"], reducer=_reducer(run.ctx),
+                   ["metrics.jsonl", "traces.jsonl.gz", "checkpoints/"], reducer=_reducer(run.ctx),
                    rows_together=run.env.rows_together, eval_dataset=eval_rows(config, run.env),
                    reward_names=tuple(run.env.rubric.get_reward_func_names()))
     finished = False

@@ -15,7 +15,7 @@ from bridges.runtime.errors import ConfigError
 
 @dataclass
 class ExportConfig:
-    rollouts: str = option("", help="a results.jsonl / traces.jsonl, or the folder holding one")
+    rollouts: str = option("", help="a results.jsonl / traces.jsonl.gz, or the folder holding one")
     model: str = option("", help="a run folder, a checkpoint or a model folder: export its trained model instead")
     output: str = option("", help="the folder to write: a dataset (save_to_disk), or the model model= names")
     min_reward: float | None = option(None, help="keep rollouts whose reward is at least this")
@@ -87,7 +87,7 @@ def export_rows(config: ExportConfig) -> int:
 
     if not config.rollouts or not config.output:
         raise ConfigError(
-            "give rollouts=<results.jsonl, traces.jsonl or their folder> (or model=<run folder>) and output=<folder>."
+            "give rollouts=<results.jsonl, traces.jsonl.gz or their folder> (or model=<run folder>) and output=<folder>."
         )
     source, output = Path(config.rollouts), Path(config.output)
     if output.exists() and not config.overwrite:

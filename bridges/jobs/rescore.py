@@ -18,7 +18,7 @@ from bridges.runtime.errors import ConfigError
 
 @dataclass
 class RescoreConfig:
-    traces: str = option("", help="a traces.jsonl (or eval results.jsonl) to score again")
+    traces: str = option("", help="a traces.jsonl.gz (or eval results.jsonl) to score again")
     env: str = option("", help="the environment whose rubric scores them")
     env_args: dict[str, Any] = option(
         factory=dict, help="keyword arguments of the environment's load_environment"
@@ -58,7 +58,7 @@ def rescore_traces(config: RescoreConfig) -> int:
 
     if not config.traces or not config.env:
         raise ConfigError(
-            "both traces=<file> and env=<id> are required, e.g. traces=runs/x/traces.jsonl env=reverse_text."
+            "both traces=<file> and env=<id> are required, e.g. traces=runs/x/traces.jsonl.gz env=reverse_text."
         )
     path = Path(config.traces)
     if not path.exists():

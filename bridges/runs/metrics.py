@@ -160,7 +160,7 @@ def check_something_trained(rows: list[dict[str, Any]]) -> None:
     if all(r.get("episodes/masked_fraction") == 1.0 for r in steps):
         raise NothingTrainedError(
             f"nothing was trained in {len(steps)} steps: every rollout was masked (each trace's stop_reason and "
-            "error in traces.jsonl say why: an environment error, a failed reward, a timeout), so there was "
+            "error in traces.jsonl.gz say why: an environment error, a failed reward, a timeout), so there was "
             "nothing to learn from; see docs/guide/troubleshooting.md."
         )
     rewards = [r["reward/mean"] for r in steps if r.get("reward/mean") is not None]

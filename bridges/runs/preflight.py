@@ -24,7 +24,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 HUB_TIMEOUT_S = 10.0  # one metadata request: a reachable Hub answers well within it
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # what makes a folder a run: a run started into it would truncate or append to these
-RUN_FILES = ("metrics.jsonl", "traces.jsonl", "checkpoints", "checkpoints.jsonl")
+RUN_FILES = ("metrics.jsonl", "traces.jsonl.gz", "traces.jsonl", "checkpoints", "checkpoints.jsonl")
 
 
 def build_environment(env_id: str, env_args: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_files import run_traces
 
 from bridges.envs.registry import load_environment
 
@@ -182,7 +183,7 @@ def test_a_verifiers_env_trains_with_the_grpo_backend(tmp_path: Path):
         r["episodes/total"] == 8 and r["episodes/masked"] == 0 and r["stop/two_rounds"] == 8 for r in rows
     )
     assert rows[-1]["weight_version"] >= 1  # the policy trained and the engine got the new weights
-    trace = json.loads((tmp_path / "vf" / "traces.jsonl").read_text().splitlines()[0])
+    trace = run_traces(tmp_path / "vf")[0]
     assert trace["provenance"]["env_id"] == "vf:vf_fixture_envs" and len(trace["turns"]) == 3
     del sys.modules["vf_fixture_envs"]
 

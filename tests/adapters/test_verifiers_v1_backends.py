@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_files import run_traces
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # the bundled taskset with a second reward a random model varies on: two steps of a letter reward alone
@@ -37,7 +38,7 @@ def _check_run(run_dir: Path, backend: str) -> None:
     if backend == "trl":  # TRL keeps no traces file; its rows carry the environment's metrics
         assert all(r["env/num_turns"] == 1.0 and r["rewards/trace_reward/mean"] is not None and r["env/repeated_letter"] is not None for r in rows)
         return
-    traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(run_dir)
     assert len(traces) == 16 and {t["provenance"]["env_id"] for t in traces} == {"vf_v1_dense_letter_taskset"}
     for trace in traces:
         (turn,) = trace["turns"]
@@ -77,7 +78,7 @@ def test_a_multi_agent_env_trains_each_seat_in_groups_of_its_own(
     assert all(r["episodes/total"] == 4 and r["episodes/masked_fraction"] == 0.0 for r in rows)
     if backend == "trl":
         return
-    traces = [json.loads(x) for x in (tmp_path / "duel" / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(tmp_path / "duel")
     assert len(traces) == 8
     for trace in traces:  # one segment each (rounds=1): the seat's own conversation, its own reward
         seat = _info(trace)["v1_seat"]
@@ -230,7 +231,7 @@ def test_an_agent_on_the_bash_program_harness_trains_on_each_in_process_backend(
     rows = _rows(tmp_path / "bash")
     assert [r["step"] for r in rows] == [1, 2] and all(r["episodes/masked_fraction"] == 0.0 for r in rows)
     if backend != "trl":
-        traces = [json.loads(x) for x in (tmp_path / "bash" / "traces.jsonl").read_text().splitlines()]
+        traces = run_traces(tmp_path / "bash")
         assert len(traces) == 4 and all(0 < len(t["turns"][0]["completion_ids"]) == len(t["turns"][0]["logprobs"])
                                         for t in traces)
 

@@ -9,6 +9,7 @@ cluster on the machine, other tests' included)."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from local_ray import start_local_ray  # noqa: E402
 from process_marks import processes_marked  # noqa: E402
+from trace_files import run_traces
 
 from bridges.runtime.launch import free_port  # noqa: E402
 
@@ -98,7 +100,7 @@ def test_verl_on_a_two_raylet_cluster_loads_the_plugin_on_both(cluster: dict[str
     assert {p.read_text() for p in marks.iterdir()} == {"1"}  # BRIDGES_VERL_CPU reached each of them
     run = tmp_path / "runs" / "verl-bridges_test_dense_env"
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    traces = [json.loads(x) for x in (run / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(run)
     assert sum(t["provenance"]["split"] == "train" for t in traces) == 2 * 2 * 4
 
 
@@ -146,31 +148,33 @@ def test_traces_a_node_does_not_hand_over_cost_one_line_not_the_run(
         def joined(env: dict[str, str]) -> Iterator[object]:
             yield ray
 
-        def never_answers(run_dir: str, token: str) -> str:
+        def never_answers(run_dir: str, token: str) -> bytes:
             time.sleep(30)
-            return ""
+            return b""
 
         monkeypatch.setattr(cluster, "_joined", joined)
         monkeypatch.setattr(cluster, "_take_remote_traces", never_answers)
-        (tmp_path / "traces.jsonl").write_text('{"a": 1}\n')
+        (tmp_path / "traces.jsonl.gz").write_bytes(gzip.compress(b'{"a": 1}\n'))
         assert cluster.gather_traces(tmp_path, {}, timeout=1.0) == 0
     finally:
         ray.shutdown()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "were not brought over (it did not run its task within 1 s)" in err[0], err
-    assert (tmp_path / "traces.jsonl").read_text() == '{"a": 1}\n' and not list(tmp_path.glob(".gather-*"))
+    assert gzip.decompress((tmp_path / "traces.jsonl.gz").read_bytes()) == b'{"a": 1}\n'
+    assert not list(tmp_path.glob(".gather-*"))
 
 
 def test_a_nodes_own_traces_are_taken_unless_it_shares_the_drivers_folder(tmp_path: Path):
     from bridges.adapters.verl.cluster import _take_remote_traces
 
-    (tmp_path / "traces.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    members = gzip.compress(b'{"a": 1}\n') + gzip.compress(b'{"a": 2}\n')  # two writes, two members
+    (tmp_path / "traces.jsonl.gz").write_bytes(members)
     (tmp_path / ".gather-x").touch()
     assert _take_remote_traces(str(tmp_path), ".gather-x") is None  # the driver's own folder: left alone
-    assert (tmp_path / "traces.jsonl").exists()
-    assert _take_remote_traces(str(tmp_path), ".gather-y") == '{"a": 1}\n{"a": 2}\n'  # another node's disk
-    assert not (tmp_path / "traces.jsonl").exists()
-    assert _take_remote_traces(str(tmp_path / "none"), ".gather-y") == ""
+    assert (tmp_path / "traces.jsonl.gz").exists()
+    assert _take_remote_traces(str(tmp_path), ".gather-y") == members  # another node's disk, as written
+    assert not (tmp_path / "traces.jsonl.gz").exists()
+    assert _take_remote_traces(str(tmp_path / "none"), ".gather-y") == b""
 
 
 def test_gpus_are_counted_on_the_cluster_not_on_a_head_without_any(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

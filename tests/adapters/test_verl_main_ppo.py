@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from trace_files import run_traces
 
 from bridges.runs.metrics import SHARED_METRICS
 from bridges.train import main
@@ -66,7 +67,7 @@ def test_main_ppo_trains_two_steps_then_resumes_for_a_third(
         assert row["episodes/total"] == 8 and 0.0 <= row["episodes/masked_fraction"] <= 1.0 and row["lr"] > 0
         if row["episodes/masked"] == 0:  # the rubric's one function (weight 1) is the total, read from the traces
             assert row["reward/lowercase_share/mean"] == pytest.approx(row["reward/mean"])
-    traces = lines(run / "traces.jsonl")
+    traces = run_traces(run)
     trained = [t for t in traces if t["provenance"]["split"] == "train"]
     assert sorted(t["provenance"]["step"] for t in trained) == [1] * 8 + [2] * 8 + [3] * 8
     assert {t["provenance"]["split"] for t in traces} == {"train", "eval"}  # validation rollouts, marked

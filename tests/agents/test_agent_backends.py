@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_files import run_traces
 
 SMALL = ["env=repeat_letter_agent", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
          "trainer.group_size=4", "run_name=agent"]
@@ -45,7 +46,7 @@ def test_an_agent_in_its_own_code_trains_two_steps_on_each_in_process_backend(
         assert all(r["env/agent/calls"] == 2.0 and r["env/num_turns"] == 2.0 for r in rows)
         return
     assert all(r["samples/breaks"] == 0 for r in rows)
-    traces = _lines(tmp_path / "agent" / "traces.jsonl")
+    traces = run_traces(tmp_path / "agent")
     assert len(traces) == 16
     for trace in traces:
         assert trace["stop_reason"] == "completed" and len(trace["turns"]) == 2 and _extends(trace["turns"])
@@ -100,7 +101,7 @@ def test_the_openai_agents_sdk_example_trains_on_a_real_bpe_vocabulary_with_the_
     rows = _lines(tmp_path / "sdk" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["samples/breaks"] == 0 and r["drift/tokens"] == 0 and r["samples/trained"] > 0 for r in rows)
-    for trace in _lines(tmp_path / "sdk" / "traces.jsonl"):
+    for trace in run_traces(tmp_path / "sdk"):
         assert trace["turns"] and all(len(t["completion_ids"]) == len(t["logprobs"]) > 0 for t in trace["turns"])
         if trace["stop_reason"] != "completed":  # a random model's garbled tool name: the SDK refuses it
             assert trace["error"].startswith("the agent raised ModelBehaviorError: Tool ")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from faulty_engine import FaultyEngine
+from trace_files import run_traces
 
 MIXED = "env_args.cases=[ok,env_raises,reward_raises,reward_nan]"  # one healthy row, three faulty rows
 
@@ -45,7 +46,7 @@ def test_grpo_step_completes_with_env_reward_and_engine_faults(
         assert (row["stop/env_error"], row["stop/reward_error"], row["stop/engine_error"]) == (2, 6, 4)
         assert row["stop/max_turns"] == 2 and torch.isfinite(torch.tensor(row["loss"]))
         assert row["skipped_nonfinite"] == 0.0 and math.isfinite(row["reward/mean"])
-    traces = [json.loads(x) for x in (tmp_path / "faults" / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(tmp_path / "faults")
     nan_errors = [
         t["error"] for t in traces if "[reward_nan]" in str(t["prompt"]) or "[reward_str]" in str(t["prompt"])
     ]

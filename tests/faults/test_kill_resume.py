@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from trace_files import run_traces
+
 REPO = Path(__file__).resolve().parents[2]
 ARGS = [
     "trainer.max_steps=6", "save_every=2", "keep_checkpoints=10", "trainer.batch_size=4", "trainer.group_size=4",
@@ -40,8 +42,8 @@ def test_sigkill_then_resume_continues_from_the_last_checkpoint(tmp_path: Path):
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     latest = max(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
-    killed_traces = (run_dir / "traces.jsonl").read_text().splitlines()
-    finished_before = {json.loads(line)["provenance"]["step"] for line in killed_traces[:-1]}
+    killed_traces = run_traces(run_dir)  # whole members only: a member the kill cut is not read
+    finished_before = {line["provenance"]["step"] for line in killed_traces}
     assert {1, 2} <= finished_before
 
     resumed = start(tmp_path, "resume=true")
@@ -52,8 +54,8 @@ def test_sigkill_then_resume_continues_from_the_last_checkpoint(tmp_path: Path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # reads like one straight run
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step_000002", "step_000004", "step_000006"]
-    traces = (run_dir / "traces.jsonl").read_text().splitlines()
-    kept = [line for line in killed_traces[:-1] if json.loads(line)["provenance"]["step"] <= latest]
+    traces = run_traces(run_dir)
+    kept = [line for line in killed_traces if line["provenance"]["step"] <= latest]
     assert traces[: len(kept)] == kept  # the checkpointed steps' episodes are kept as written
-    per_step = Counter(json.loads(line)["provenance"]["step"] for line in traces)
+    per_step = Counter(line["provenance"]["step"] for line in traces)
     assert per_step == {step: 16 for step in range(1, 7)}  # each step's 4 x 4 episodes exactly once

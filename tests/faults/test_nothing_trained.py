@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from trace_files import run_traces
 
 from bridges.runs.config import run_cli
 from bridges.runs.metrics import check_something_trained
@@ -87,5 +88,5 @@ def test_a_run_whose_every_rollout_fails_says_so(tmp_path: Path, monkeypatch, ca
         run_cli(main, args)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("error: nothing was trained in 2 steps: every rollout was masked")
-    traces = [json.loads(x) for x in (tmp_path / "r" / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(tmp_path / "r")
     assert len(traces) == 8 and all(t["stop_reason"] == "env_error" and "no turn for you" in t["error"] for t in traces)

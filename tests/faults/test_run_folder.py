@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from trace_files import run_traces
 
 from bridges.runs.config import run_cli
 from bridges.train import main
@@ -24,7 +25,7 @@ SMALL = [
 def steps_in(run_dir: Path) -> tuple[list[int], Counter[int]]:
     metrics = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     traces = Counter(
-        json.loads(x)["provenance"]["step"] for x in (run_dir / "traces.jsonl").read_text().splitlines()
+        x["provenance"]["step"] for x in run_traces(run_dir)
     )
     return metrics, traces
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from trace_files import run_traces
 
 from bridges.runtime.launch import launch
 
@@ -75,9 +76,9 @@ def test_two_processes_learn_the_default_task_and_write_every_episode_once(tmp_p
     assert len(rewards) == 80
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > max(0.06, 3 * first), (first, last)
-    traces = (run / "traces.jsonl").read_text().splitlines()
-    assert len(traces) == len(set(traces)) == 80 * 256  # both processes' episodes, each exactly once
-    assert Counter(json.loads(t)["provenance"]["step"] for t in traces) == {s: 256 for s in range(1, 81)}
+    traces = run_traces(run)  # both processes appended whole gzip members to one file
+    assert len(traces) == len({json.dumps(t, sort_keys=True) for t in traces}) == 80 * 256  # each exactly once
+    assert Counter(t["provenance"]["step"] for t in traces) == {s: 256 for s in range(1, 81)}
 
 
 def _workers(launcher: int) -> list[int]:
@@ -113,5 +114,5 @@ def test_killing_one_process_stops_the_job_in_one_sentence_and_resume_continues(
     assert resumed.returncode == 0, err[-3000:]
     assert "resumed from" in out and out.count("resumed from") == 1
     assert [row["step"] for row in lines(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
-    steps = Counter(row["provenance"]["step"] for row in lines(run / "traces.jsonl"))
+    steps = Counter(row["provenance"]["step"] for row in run_traces(run))
     assert steps == {step: 16 for step in range(1, 7)}  # each step's episodes exactly once

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trace_files import run_traces
 
 COMMAND = [sys.executable, "-m", "bridges.train", "progress=false", "trainer.max_steps=16", "trainer.batch_size=8"]
 
@@ -26,7 +27,7 @@ def run(folder: Path) -> tuple[list[dict], list[tuple[int, int]]]:
     run_dir = folder / "grpo-repeat_letter"
     rows = [{k: v for k, v in json.loads(x).items() if not k.startswith("timing/")}
             for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    lines = [json.loads(x)["provenance"] for x in (run_dir / "traces.jsonl").read_text().splitlines()]
+    lines = [x["provenance"] for x in run_traces(run_dir)]
     return rows, [(p["step"], p["weight_version"]) for p in lines]
 
 

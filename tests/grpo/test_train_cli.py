@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from trace_files import run_traces
 
 from bridges.grpo.trainer import run
 from bridges.runs.config import parse_config
@@ -74,7 +75,7 @@ def test_checkpoint_every_step_then_resume_continues_from_step_two(tmp_path: Pat
         model_dir
     )
     steps = [
-        json.loads(line)["provenance"]["step"] for line in (run_dir / "traces.jsonl").read_text().splitlines()
+        line["provenance"]["step"] for line in run_traces(run_dir)
     ]
     assert steps == [1] * 16 + [2] * 16 + [3] * 16  # the resumed run generated only step 3
 

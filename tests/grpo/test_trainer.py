@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trace_files import run_traces
 
 from bridges.grpo.trainer import run
 from bridges.runs.config import parse_config
@@ -41,9 +42,10 @@ def test_embedded_default_learns_in_a_short_run(tmp_path):
     assert first < 0.1  # a random model almost never repeats the letter
     assert last > 0.3, (first, last)  # the full 300-step default reaches > 0.9
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
-    traces = (run_dir / "traces.jsonl").read_text().splitlines()
+    traces = run_traces(run_dir)
     assert len(traces) == 160 * 16 * 16  # every episode traced, with provenance
-    provenance = json.loads(traces[0])["provenance"]
+    assert (run_dir / "traces.jsonl.gz").stat().st_size < 10 * 1024 * 1024  # compressed: the default run's fits
+    provenance = traces[0]["provenance"]
     assert (
         provenance["backend"] == "grpo"
         and provenance["env_id"] == "repeat_letter"
@@ -86,10 +88,7 @@ def test_failing_rollouts_are_masked_and_never_abort_a_step(tmp_path):
     # every third reward call raised: a third of all 72 rollouts. Per step the count varies, because the
     # next batch is already being scored (num_batches_ahead=1) while one step trains
     assert sum(row["stop/reward_error"] for row in rows) == 24
-    traces = [
-        json.loads(x)
-        for x in (tmp_path / "grpo-bridges_test_flaky_env" / "traces.jsonl").read_text().splitlines()
-    ]
+    traces = run_traces(tmp_path / "grpo-bridges_test_flaky_env")
     failed = [t for t in traces if t["stop_reason"] == "reward_error"]
     assert len(failed) == 24 and all("judge unavailable" in t["error"] for t in failed)
     assert all(t["advantage"] == 0.0 and t["reward"] is None for t in failed)
@@ -142,7 +141,7 @@ def test_rollouts_in_a_child_process_train_with_the_synced_weights(tmp_path):
     rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["weight_version"] == 5  # start + 4 steps
     assert all(r["episodes/total"] == 16 and r["episodes/masked"] == 0 for r in rows)
-    traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
+    traces = run_traces(run_dir)
     assert traces[0]["provenance"]["engine"] == "hf (rollout process)"
     versions = {t["provenance"]["step"]: t["provenance"]["weight_version"] for t in traces}
     # the child samples step 1 and 2 with the starting policy (one batch ahead), then with synced weights

@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from serve_process import WEIGHTS_KEY, ServeProcess  # noqa: E402
+from trace_files import run_traces
 
 RUN = Path("runs") / "grpo-repeat_letter"
 
@@ -49,7 +50,7 @@ def test_one_process_on_two_started_servers_learns_within_the_staleness_bound(tm
     rewards = [row["reward/mean"] for row in metrics]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > max(0.03, 2 * first), (first, last)  # in-process, the same 40 steps: 0.01 -> about 0.05
-    traces = lines(tmp_path / RUN / "traces.jsonl")
+    traces = run_traces(tmp_path / RUN)
     assert len(traces) == 40 * 256 and all(t["provenance"]["engine"] == "server" for t in traces)
     lag = Counter(staleness(traces, metrics))
     assert set(lag) <= {0, 1} and lag[1] > 0  # num_batches_ahead=1: one version behind, never more
@@ -72,7 +73,7 @@ def test_two_processes_on_two_servers_sample_exactly_what_they_train(tmp_path: P
         assert all(abs(row["ratio/mean"] - 1.0) < 1e-4 and row["clip_fraction"] == 0.0 for row in metrics), (
             metrics
         )
-        traces = lines(tmp_path / RUN / "traces.jsonl")
+        traces = run_traces(tmp_path / RUN)
         assert len(traces) == 6 * 64 and set(staleness(traces, metrics)) == {0}
         assert all(t["error"] is None for t in traces)
         final = metrics[-1]["weight_version"]
@@ -112,7 +113,7 @@ def test_a_server_killed_mid_run_is_taken_out_and_readmitted_when_it_returns(tmp
         and f"inference server {servers[1].url} is out" in out
         and f"inference server {servers[1].url} is back in" in out
     )
-    traces = lines(tmp_path / RUN / "traces.jsonl")
+    traces = run_traces(tmp_path / RUN)
     trained = [t for t in traces if t["error"] is None]
     masked = [t["error"] for t in traces if t["error"] is not None]
     assert len(traces) == 60 * 16 and set(staleness(trained, lines(metrics))) <= {0, 1}, masked[:3]

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trace_files import run_traces
+
 ROWS = ["trainer.batch_size=2", "trainer.group_size=4", "sampling.max_tokens=6", "progress=false"]
 
 
@@ -26,7 +28,7 @@ def test_the_bundled_trainer_evaluates_the_same_rows_with_the_same_seed_every_ev
     evaluated = [r["step"] for r in rows if "eval/reward/mean" in r]
     assert evaluated == [2, 3]  # every 2 steps, and after the last
     assert all(r["eval/episodes/total"] == 3 * 4 for r in rows if r["step"] in evaluated)
-    traces = lines(tmp_path / "r" / "traces.jsonl")
+    traces = run_traces(tmp_path / "r")
     held_out = [t for t in traces if t["provenance"]["split"] == "eval"]
     assert sorted({t["provenance"]["step"] for t in held_out}) == [2, 3] and len(held_out) == 2 * 3 * 4
     assert all(t["provenance"]["split"] == "train" for t in traces if t not in held_out)

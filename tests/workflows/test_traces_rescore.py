@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -23,7 +24,7 @@ async def traces(tiny_path: Path, tmp_path: Path) -> Path:
 
     env = load_environment("repeat_letter")
     client = EngineClient(HFEngine.from_pretrained(str(tiny_path)))
-    path = tmp_path / "traces.jsonl"
+    path = tmp_path / "traces.jsonl.gz"
     with TraceWriter(path, PROVENANCE) as writer:
         for step, row in enumerate(env.get_dataset().select(range(3)), 1):
             group = await run_group(env, dict(row), client, 4, {"seed": step}, model="tiny")
@@ -61,16 +62,33 @@ def test_rescore_applies_the_current_rubric_and_keeps_the_old_reward(traces: Pat
         assert new["provenance"] == old["provenance"] and new["turns"] == old["turns"]
 
 
+def plain_copy(traces: Path) -> Path:
+    """The same records as a plain ``traces.jsonl`` (what runs wrote before traces were compressed)."""
+    plain = traces.with_name("traces.jsonl")
+    plain.write_bytes(gzip.decompress(traces.read_bytes()))
+    return plain
+
+
 def test_a_cut_last_line_is_skipped_and_a_corrupt_middle_line_is_one_sentence(traces: Path, capsys):
-    lines = traces.read_text().splitlines(keepends=True)
-    traces.write_text("".join(lines[:-1]) + lines[-1][:30])
-    assert len(list(read_traces(traces))) == 11  # a crash mid-write loses only the line being written
-    traces.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    plain = plain_copy(traces)
+    lines = plain.read_text().splitlines(keepends=True)
+    plain.write_text("".join(lines[:-1]) + lines[-1][:30])
+    assert len(list(read_traces(plain))) == 11  # a crash mid-write loses only the line being written
+    plain.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
     with pytest.raises(SystemExit) as info:
-        run_cli(rescore_main, [f"traces={traces}", "env=repeat_letter"])
+        run_cli(rescore_main, [f"traces={plain}", "env=repeat_letter"])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {traces}:2 is not valid JSON; the trace file is corrupted."
+    assert err == f"error: {plain}:2 is not valid JSON; the trace file is corrupted."
+
+
+def test_a_cut_member_is_skipped_and_the_next_writer_drops_it(traces: Path):
+    data = traces.read_bytes()  # three steps: three members of four episodes
+    traces.write_bytes(data[:-9])  # killed mid-write of the third
+    assert len(list(read_traces(traces))) == 8
+    with TraceWriter(traces, PROVENANCE) as writer:  # reopened: the cut member goes before anything is appended
+        writer._append('{"provenance": {"step": 4}}\n')
+    assert [r["provenance"]["step"] for r in read_traces(traces)] == [1] * 4 + [2] * 4 + [4]
 
 
 def test_missing_arguments_and_files_are_one_sentence(tmp_path: Path, capsys):
@@ -84,14 +102,19 @@ def test_missing_arguments_and_files_are_one_sentence(tmp_path: Path, capsys):
         assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
-def test_traces_are_json_lines(traces: Path):
-    first = json.loads(traces.read_text().splitlines()[0])
+def test_traces_are_gzipped_json_lines_that_datasets_and_gzip_read(traces: Path):
+    from datasets import load_dataset
+
+    first = json.loads(gzip.decompress(traces.read_bytes()).splitlines()[0])  # the members are one gzip file
     assert set(first) >= {"prompt", "completion", "answer", "reward", "stop_reason", "error", "provenance"}
+    loaded = load_dataset("json", data_files=str(traces), split="train")
+    assert len(loaded) == 12 and loaded[0]["provenance"]["step"] == 1
 
 
 def test_a_writer_reopening_a_cut_file_drops_the_cut_line_instead_of_gluing_onto_it(traces: Path):
-    lines = traces.read_text().splitlines(keepends=True)
-    traces.write_text("".join(lines[:-1]) + lines[-1][:30])  # killed mid-write
-    TraceWriter(traces, PROVENANCE).close()
-    assert traces.read_text() == "".join(lines[:-1])
-    assert len(list(read_traces(traces))) == 11
+    plain = plain_copy(traces)
+    lines = plain.read_text().splitlines(keepends=True)
+    plain.write_text("".join(lines[:-1]) + lines[-1][:30])  # killed mid-write
+    TraceWriter(plain, PROVENANCE).close()
+    assert plain.read_text() == "".join(lines[:-1])
+    assert len(list(read_traces(plain))) == 11
