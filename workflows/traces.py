@@ -213,3 +213,20 @@ def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
         except json.JSONDecodeError:
             raise ConfigError(f"{path}:{number} is not valid JSON; the trace file is corrupted.") from None
+
+
+def reward_failures(run_dir: str | Path) -> tuple[int, int, dict[str, Any] | None]:
+    """(rollouts whose reward function failed, rollouts traced, the first such trace line) of a run's
+    traces: what the end of a run quotes, so a failing reward is read in one line, not found in a file."""
+    path = traces_path(run_dir)
+    if not path.exists():
+        return 0, 0, None
+    failed, total, first = 0, 0, None
+    for raw in raw_trace_lines(path):  # parsed only where the text says so: a run's traces are large
+        if b'"split": "eval"' in raw:
+            continue
+        total += 1
+        if b'"stop_reason": "reward_error"' in raw:
+            failed += 1
+            first = first or json.loads(raw)
+    return failed, total, first

@@ -71,7 +71,7 @@ def load_environment(num_train: int = 200, num_eval: int = 20, seed: int = 0) ->
         eval_dataset=Dataset.from_list(make_rows(num_eval, seed + 1)),
         system_prompt="Answer with the requested word only.",
         rubric=br.Rubric(funcs=[exact, mentions], weights=[1.0, 0.2]),
-        sampling_args={{"max_tokens": 16}},
+        sampling_args={{"max_tokens": 16, "stop": ["\\n"]}},  # its own sampling: one short line
     )
 '''
 

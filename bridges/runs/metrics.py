@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.runs.reward_parts import progress_text, summary_lines
-from bridges.runtime.errors import ConfigError, NothingTrainedError, require_extra
+from bridges.runtime.errors import ConfigError, NothingTrainedError, RewardFunctionError, require_extra
 
 # The names every backend writes to metrics.jsonl, whatever its native trainer calls them (the guide's
 # docs/guide/metrics.md says what each means per backend); a backend with other native names maps them with
@@ -147,10 +147,18 @@ def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: l
             print(line)
     files = [*written, *(["reward_curve.png"] if curve else [])]
     print(f"run written to {run_dir} ({', '.join(files)})")
-    check_something_trained(rows)
+    from bridges.workflows.traces import reward_failures
+
+    failed, total, first = reward_failures(run_dir)
+    failure = None if first is None else (
+        f"{first['error'].rstrip('.')} (example {first.get('example_id')}; {failed} of {total} rollouts masked, "
+        f"not trained on, each with its error in {run_dir / 'traces.jsonl.gz'})")
+    check_something_trained(rows, failure)
+    if failure is not None:  # everything is written: the run ends on the bug, as eval does
+        raise RewardFunctionError(f"{failure}; fix the reward and train again (resume=true continues).")
 
 
-def check_something_trained(rows: list[dict[str, Any]]) -> None:
+def check_something_trained(rows: list[dict[str, Any]], failure: str | None = None) -> None:
     """A run whose every step had nothing to learn from ends in one sentence, not exit 0: with every
     group's rollouts earning the same reward, GRPO's advantages are all zero and the weights never
     move, however many steps run (a newcomer's exact-match reward on a model that never matches)."""
@@ -158,9 +166,11 @@ def check_something_trained(rows: list[dict[str, Any]]) -> None:
     if not steps or not all(_trained_nothing(r) for r in steps):
         return
     if all(r.get("episodes/masked_fraction") == 1.0 for r in steps):
+        why = f"the first: {failure}" if failure else (
+            "each trace's stop_reason and error in traces.jsonl.gz say why: an environment error, a failed "
+            "reward, a timeout")
         raise NothingTrainedError(
-            f"nothing was trained in {len(steps)} steps: every rollout was masked (each trace's stop_reason and "
-            "error in traces.jsonl.gz say why: an environment error, a failed reward, a timeout), so there was "
+            f"nothing was trained in {len(steps)} steps: every rollout was masked ({why}), so there was "
             "nothing to learn from; see docs/guide/troubleshooting.md."
         )
     rewards = [r["reward/mean"] for r in steps if r.get("reward/mean") is not None]

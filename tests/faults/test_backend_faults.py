@@ -14,6 +14,8 @@ import torch
 from faulty_engine import FaultyEngine
 from trace_files import run_traces
 
+from bridges.runtime.errors import RewardFunctionError
+
 MIXED = "env_args.cases=[ok,env_raises,reward_raises,reward_nan]"  # one healthy row, three faulty rows
 
 
@@ -40,7 +42,8 @@ def test_grpo_step_completes_with_env_reward_and_engine_faults(
             "trainer.group_size=2", "run_name=faults",
         ],
     )
-    assert trainer.run(config) == 0
+    with pytest.raises(RewardFunctionError, match=r"^reward function .* raised .*12 of 28 rollouts masked"):
+        trainer.run(config)  # both steps trained on what was sound; the run then ends on the failed rewards
     for row in metrics(tmp_path / "faults"):
         assert row["episodes/total"] == 14 and row["episodes/masked"] == 12
         assert (row["stop/env_error"], row["stop/reward_error"], row["stop/engine_error"]) == (2, 6, 4)
@@ -90,7 +93,8 @@ def test_tinker_step_completes_with_faulty_rollouts(tmp_path: Path, monkeypatch:
         "backend=tinker", "tinker.base_url=local", "env=bridges_fault_env", MIXED, f"output_dir={tmp_path}",
         "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=2", "run_name=faults",
     ]
-    assert main(argv) == 0
+    with pytest.raises(RewardFunctionError, match="8 of 16 rollouts masked"):
+        main(argv)
     for row in metrics(tmp_path / "faults"):
         assert row["episodes/total"] == 8 and row["episodes/masked"] == 6
         assert (row["stop/env_error"], row["stop/reward_error"]) == (2, 4)

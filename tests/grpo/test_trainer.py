@@ -72,14 +72,20 @@ def test_resume_gives_the_same_parameters_as_a_straight_run(tmp_path):
     assert steps == [1, 2, 3]  # the resumed run's metrics read like one straight run
 
 
-def test_failing_rollouts_are_masked_and_never_abort_a_step(tmp_path):
+def test_failing_rollouts_are_masked_and_never_abort_a_step_and_the_run_ends_quoting_the_reward(tmp_path):
+    from bridges.runtime.errors import RewardFunctionError
+
     args = [
         "env=bridges_test_flaky_env",
         "trainer.max_steps=3",
         "trainer.batch_size=4",
         "trainer.group_size=6",
     ]
-    assert run(_config(tmp_path, *args)) == 0
+    with pytest.raises(RewardFunctionError) as info:  # every step trained; then the bug, in one sentence
+        run(_config(tmp_path, *args))
+    said = str(info.value)
+    assert said.startswith("reward function 'flaky' raised RuntimeError: judge unavailable (example ")
+    assert "24 of 72 rollouts masked" in said and said.endswith("(resume=true continues).")
     rows = _metrics(tmp_path / "grpo-bridges_test_flaky_env")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
