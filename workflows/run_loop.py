@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from bridges.runs.metrics import StepProgress, finish_run
 from bridges.runtime.errors import TrainingDivergedError
 from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics, step_tallies
-from bridges.workflows.traces import open_run_files
+from bridges.workflows.traces import open_run_files, reward_failure
 from bridges.workflows.types import Group, TrainingSample
 
 MAX_NONFINITE_STEPS = 3  # skipped non-finite steps in a row before the run stops
@@ -151,7 +151,8 @@ async def run_training(
         progress.close()
     if logger is None:
         return []
-    finish_run(logger.rows, spec.run_dir, f"{config.env} · {spec.model} · {spec.backend}", spec.artifacts)
+    finish_run(logger.rows, spec.run_dir, f"{config.env} · {spec.model} · {spec.backend}", spec.artifacts,
+               reward_failure(spec.run_dir))
     return logger.rows
 
 

@@ -230,3 +230,13 @@ def reward_failures(run_dir: str | Path) -> tuple[int, int, dict[str, Any] | Non
             failed += 1
             first = first or json.loads(raw)
     return failed, total, first
+
+
+def reward_failure(run_dir: str | Path) -> str | None:
+    """The sentence a run ends on when a reward function failed: its own message, the first example, and
+    how many rollouts were masked for it (None when none failed)."""
+    failed, total, first = reward_failures(run_dir)
+    if first is None:
+        return None
+    return (f"{str(first.get('error') or 'a reward function failed').rstrip('.')} (example {first.get('example_id')}; "
+            f"{failed} of {total} rollouts masked, not trained on, each with its error in {traces_path(run_dir)})")

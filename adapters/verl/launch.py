@@ -129,6 +129,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
     from bridges.adapters.verl.run_files import fold_metrics
     from bridges.envs.registry import load_environment
     from bridges.runs.metrics import finish_run
+    from bridges.workflows.traces import reward_failure
 
     names = tuple(load_environment(config.env, **config.env_args).rubric.get_reward_func_names())
     rows = fold_metrics(run_dir, resume_step, names)
@@ -137,7 +138,7 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
               f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)
     else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
-                   ["metrics.jsonl", "traces.jsonl.gz", "checkpoints/", "verl/"])
+                   ["metrics.jsonl", "traces.jsonl.gz", "checkpoints/", "verl/"], reward_failure(run_dir))
     return code
 
 

@@ -132,9 +132,11 @@ class StepProgress:
             self._bar.close()
 
 
-def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: list[str]) -> None:
+def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: list[str],
+               failure: str | None = None) -> None:
     """What every backend does when a run ends: the reward curve, then the first-vs-last reward line
-    and where the run's files are."""
+    and where the run's files are. ``failure``: the sentence quoting a reward function that failed
+    (``bridges.workflows.traces.reward_failure``), which the run then ends on."""
     curve = plot_reward_curve(rows, run_dir / "reward_curve.png", title)
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     if rewards:
@@ -147,12 +149,6 @@ def finish_run(rows: list[dict[str, Any]], run_dir: Path, title: str, written: l
             print(line)
     files = [*written, *(["reward_curve.png"] if curve else [])]
     print(f"run written to {run_dir} ({', '.join(files)})")
-    from bridges.workflows.traces import reward_failures
-
-    failed, total, first = reward_failures(run_dir)
-    failure = None if first is None else (
-        f"{first['error'].rstrip('.')} (example {first.get('example_id')}; {failed} of {total} rollouts masked, "
-        f"not trained on, each with its error in {run_dir / 'traces.jsonl.gz'})")
     check_something_trained(rows, failure)
     if failure is not None:  # everything is written: the run ends on the bug, as eval does
         raise RewardFunctionError(f"{failure}; fix the reward and train again (resume=true continues).")
