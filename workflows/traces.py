@@ -142,8 +142,9 @@ def _gzip_lines(path: Path) -> Iterator[bytes]:
         while data:
             try:
                 pending += member.decompress(data)
-            except zlib.error:  # a member cut short, then another appended after it: nothing more is sound
-                return
+            except zlib.error:  # not a cut end (that is dropped below) but damage inside the file
+                raise ConfigError(f"{path} is not a readable gzip file past byte {fh.tell() - len(data)}; "
+                                  "the trace file is corrupted.") from None
             if member.eof:
                 yield from pending.splitlines(keepends=True)
                 data, member, pending = member.unused_data or fh.read(CHUNK_BYTES), zlib.decompressobj(wbits=31), b""

@@ -11,6 +11,7 @@ import pytest
 from bridges.envs.registry import load_environment
 from bridges.rescore import main as rescore_main
 from bridges.runs.config import run_cli
+from bridges.runtime.errors import ConfigError
 from bridges.workflows.rollouts import run_group
 from bridges.workflows.traces import TraceWriter, read_traces
 
@@ -89,6 +90,11 @@ def test_a_cut_member_is_skipped_and_the_next_writer_drops_it(traces: Path):
     with TraceWriter(traces, PROVENANCE) as writer:  # reopened: the cut member goes before anything is appended
         writer._append('{"provenance": {"step": 4}}\n')
     assert [r["provenance"]["step"] for r in read_traces(traces)] == [1] * 4 + [2] * 4 + [4]
+    damaged = bytearray(traces.read_bytes())
+    damaged[len(damaged) // 2 : len(damaged) // 2 + 8] = b"\xff" * 8  # damage inside, not a cut end
+    traces.write_bytes(bytes(damaged))
+    with pytest.raises(ConfigError, match="is not a readable gzip file past byte .*; the trace file is corrupted"):
+        list(read_traces(traces))
 
 
 def test_missing_arguments_and_files_are_one_sentence(tmp_path: Path, capsys):
