@@ -21,10 +21,15 @@ import dataclasses
 import datetime
 import math
 import os
+import secrets
+import socket
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from bridges.runtime.errors import ConfigError
 
 BUCKET_ELEMENTS = 32 * 1024 * 1024  # gradients all-reduced per call in ddp (128 MB of fp32)
 
@@ -251,3 +256,46 @@ def share(value: Any, world: World) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_shared_run_folder(run_dir: Path, world: World) -> None:
+    """Several processes write one run folder (metrics and checkpoints from rank 0, every rank's traces)
+    and resume from the checkpoints in it, so every rank must see the same folder: on several machines,
+    a shared filesystem. Checked before any step, in three collectives: rank 0 writes a token file there
+    and every rank reads it. A rank that cannot is named in one sentence now, not found later as two
+    ranks resuming from different steps and waiting on each other until a collective times out."""
+    if not world.distributed:
+        return
+    token = share(secrets.token_hex(8) if world.is_main else None, world)
+    marker = run_dir / f".shared-{token}"
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token)
+    barrier(world)
+    try:
+        sees = marker.read_text() == token
+    except OSError:
+        sees = False
+    seen: list[Any] = [None] * world.size
+    dist.all_gather_object(seen, (sees, socket.gethostname(), str(run_dir.resolve())))
+    if world.is_main:
+        marker.unlink(missing_ok=True)
+    blind = [f"rank {rank} on {host} ({path})" for rank, (ok, host, path) in enumerate(seen) if not ok]
+    if blind:
+        raise ConfigError(
+            f"{', '.join(blind)} does not see the run folder rank 0 writes ({seen[0][2]} on {seen[0][1]}): the "
+            "ranks of one run share one run folder, so on several machines output_dir must be on a filesystem "
+            "every node mounts at the same path (docs/guide/scaling.md, several machines)."
+        )
+
+
+def check_agreement(what: str, value: Any, world: World) -> None:
+    """Every rank holds the same ``value`` (one collective), or one sentence naming what each rank holds:
+    ranks that started from different checkpoints would wait on each other's collectives until a timeout."""
+    if not world.distributed:
+        return
+    held: list[Any] = [None] * world.size
+    dist.all_gather_object(held, value)
+    if any(v != held[0] for v in held[1:]):
+        each = ", ".join(f"rank {rank}: {v}" for rank, v in enumerate(held))
+        raise ConfigError(f"the ranks do not agree on {what} ({each}); start them again on one run folder.")

@@ -73,6 +73,8 @@ from bridges.grpo.loss import LossConfig, LossOutput, policy_loss, sequence_logp
 from bridges.grpo.parallel import (
     World,
     barrier,
+    check_agreement,
+    check_shared_run_folder,
     combine_tallies,
     full_state_dict,
     grad_norm_value,
@@ -304,6 +306,7 @@ def _prepare(config: TrainConfig) -> _Prepared:
     dtype, strategy = hardware_settings(config)
     where, world = placement(t.device, dtype), world_from_env(strategy)
     start_processes(world, where.device)  # [distributed] join the process group
+    check_shared_run_folder(Path(config.output_dir) / config.resolved_run_name, world)  # [distributed]
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     if where.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -315,6 +318,7 @@ def _prepare(config: TrainConfig) -> _Prepared:
     ctx, tokenizer = build_step_context(config, where, world)
     run_dir = Path(config.output_dir) / config.resolved_run_name
     start = _resume(config, run_dir, ctx)
+    check_agreement("the step the run resumes from", (start.step, start.data_position), world)  # [distributed]
     sampling_args = rollout_sampling_args(config, env.sampling_args)
     return _Prepared(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where)
 
