@@ -62,4 +62,4 @@ def test_help_for_one_section_and_an_unknown_section(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as info:
         run_cli(main, ["help=nope"])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and "help=nope: no such section; sections: wandb, sampling, trainer." in err
+    assert info.value.code == 2 and "help=nope: no such section; sections: wandb, sampling, trainer; backends: " in err
