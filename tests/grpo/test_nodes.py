@@ -25,19 +25,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def node(rank: int, port: int, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    """One node's ``torchrun`` (one process on it), as a user starts each machine."""
+def node(rank: int, port: int, cwd: Path, *args: str, per_node: int = 1) -> subprocess.Popen[str]:
+    """One node's ``torchrun`` (``per_node`` processes on it), as a user starts each machine."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "bridges.train",
-               *SMALL, *args]
+               f"--nproc_per_node={per_node}", "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
+               "bridges.train", *SMALL, *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def both(first: Path, second: Path, *args: str) -> list[tuple[int, str]]:
+def both(first: Path, second: Path, *args: str, per_node: int = 1) -> list[tuple[int, str]]:
     port = free_port()
-    nodes = [node(0, port, first, *args), node(1, port, second, *args)]
+    nodes = [node(0, port, first, *args, per_node=per_node), node(1, port, second, *args, per_node=per_node)]
     return [(p.wait(timeout=300), p.communicate()[1]) for p in nodes]
 
 
@@ -80,3 +80,15 @@ def test_ranks_that_resume_from_different_steps_are_one_sentence(tmp_path: Path,
     expected = ("the ranks do not agree on the step the run resumes from (rank 0: (0, 0), rank 1: (4, 16)); "
                 "start them again on one run folder.")
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [expected, expected]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_processes_with_their_own_folders_name_both_blind_ranks(tmp_path: Path):
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    for folder in folders:
+        folder.mkdir()
+    for code, err in both(*folders, "trainer.batch_size=4", per_node=2):
+        said = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code != 0 and said, err[-2000:]
+        assert said[0].startswith("error: rank 2 on ") and ", rank 3 on " in said[0]  # node 1's two ranks
+        assert "rank 1 on" not in said[0]  # rank 1 shares rank 0's node, so it sees the folder
