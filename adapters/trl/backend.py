@@ -142,16 +142,9 @@ def describe(config: TrainConfig, options: dict[str, Any]) -> str:
     return "# GRPOConfig\n" + "".join(f"{key}: {value!r}\n" for key, value in kwargs.items())
 
 
-def rubric_weights(env: Any) -> dict[str, float]:
-    """``{function: weight}`` of the rubric's functions TRL scores (those of non-zero weight)."""
-    rubric = env.rubric
-    pairs = zip(rubric.get_reward_func_names(), rubric.get_reward_weights(), strict=True)
-    return {name: float(weight) for name, weight in pairs if weight != 0.0}
-
-
 def function_rewards(logs: dict[str, Any], weights: dict[str, float]) -> dict[str, float]:
     """TRL's ``rewards/<function>/mean|std`` as the shared ``reward/<function>/mean|std``: each of our TRL
-    reward functions returns its weight times the function's score (``trl_reward_funcs``), so the weight
+    reward functions returns its weight times the function's score (``rewards.trl_reward_funcs``), so the weight
     is divided out and every backend reports the function's own score."""
     row = {}
     for name, weight in weights.items():
@@ -293,6 +286,7 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
 
     from bridges.adapters.trl import trl_trainer_kwargs
     from bridges.adapters.trl.checkpoints import resume_point
+    from bridges.adapters.trl.rewards import rubric_weights
     from bridges.envs.registry import load_environment
     from bridges.models.hardware import load_causal_lm, placement
     from bridges.models.tiny import resolve_model_path

@@ -128,16 +128,19 @@ def trl_reward_funcs(env: Environment, num_generations: int | None = None) -> li
     ``trl_rollout_func``. ``num_generations`` (GRPOConfig's) makes group splitting exact; without
     it groups are found from ``example_id`` runs, which ``trl_dataset`` provides.
     """
-    rubric = env.rubric
-    weighted = [
-        (name, weight)
-        for name, weight in zip(rubric.get_reward_func_names(), rubric.get_reward_weights(), strict=True)
-        if weight != 0.0
-    ]
+    weighted = rubric_weights(env)
     if not weighted:
         raise ConfigError("the environment's rubric has no reward function with a non-zero weight.")
     scorer = RubricScorer(env, num_generations)
-    return [_reward_func(scorer, name, weight) for name, weight in weighted]
+    return [_reward_func(scorer, name, weight) for name, weight in weighted.items()]
+
+
+def rubric_weights(env: Environment) -> dict[str, float]:
+    """``{function: weight}`` of the rubric's functions TRL scores (those of non-zero weight), in order:
+    the reward functions ``trl_reward_funcs`` builds, and what divides their logged means back out."""
+    rubric = env.rubric
+    pairs = zip(rubric.get_reward_func_names(), rubric.get_reward_weights(), strict=True)
+    return {name: float(weight) for name, weight in pairs if weight != 0.0}
 
 
 def _reward_func(scorer: RubricScorer, name: str, weight: float) -> Callable[..., list]:
