@@ -19,9 +19,9 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bridges.runtime.errors import ConfigError
 from bridges.workflows.types import Group
@@ -133,46 +133,61 @@ def open_run_files(
     return logger, TraceWriter(run_dir / TRACES_FILE, provenance, resume_step=step, tidy=main)
 
 
-def _gzip_lines(path: Path) -> Iterator[bytes]:
-    """The lines of every complete gzip member of ``path``, member by member; a member cut short (a
-    kill mid-write) and anything after it are not read."""
-    with path.open("rb") as fh:
-        member, pending = zlib.decompressobj(wbits=31), b""
-        data = fh.read(CHUNK_BYTES)
-        while data:
-            try:
-                pending += member.decompress(data)
-            except zlib.error:  # not a cut end (that is dropped below) but damage inside the file
-                raise ConfigError(f"{path} is not a readable gzip file past byte {fh.tell() - len(data)}; "
-                                  "the trace file is corrupted.") from None
-            if member.eof:
-                yield from pending.splitlines(keepends=True)
-                data, member, pending = member.unused_data or fh.read(CHUNK_BYTES), zlib.decompressobj(wbits=31), b""
-            else:
-                data = fh.read(CHUNK_BYTES)
+def gzip_member_lines(stream: BinaryIO, name: str | Path) -> Generator[bytes, None, int]:
+    """The lines of every complete gzip member of ``stream``, member by member; a member cut short (a
+    kill mid-write) is not read. Returns how many of the stream's bytes were complete members."""
+    member, pending, read, sound = zlib.decompressobj(wbits=31), b"", 0, 0
+    data = stream.read(CHUNK_BYTES)
+    read += len(data)
+    while data:
+        try:
+            pending += member.decompress(data)
+        except zlib.error:  # not a cut end (that is dropped below) but damage inside the file
+            raise ConfigError(f"{name} is not a readable gzip file past byte {read - len(data)}; "
+                              "the trace file is corrupted.") from None
+        if member.eof:
+            yield from pending.splitlines(keepends=True)
+            sound = read - len(member.unused_data)
+            data, member, pending = member.unused_data, zlib.decompressobj(wbits=31), b""
+        else:
+            data = b""
+        if not data:
+            data = stream.read(CHUNK_BYTES)
+            read += len(data)
+    return sound
 
 
-def _plain_lines(path: Path) -> Iterator[bytes]:
-    """The complete lines of a plain file (a cut last line, from a kill mid-write, is not read)."""
-    with path.open("rb") as fh:
-        for line in fh:
-            if line.endswith(b"\n"):
-                yield line
+def _plain_lines(stream: BinaryIO) -> Generator[bytes, None, int]:
+    """The complete lines of a plain file (a cut last line, from a kill mid-write, is not read); returns
+    how many of its bytes they are."""
+    sound = 0
+    for line in stream:
+        if line.endswith(b"\n"):
+            sound += len(line)
+            yield line
+    return sound
 
 
-def raw_trace_lines(path: Path) -> Iterator[bytes]:
-    """The complete lines of a trace file, compressed or plain, as bytes (what ``read_traces`` parses)."""
-    return _gzip_lines(path) if path.suffix == ".gz" else _plain_lines(path)
+def raw_trace_lines(path: Path) -> Generator[bytes, None, int]:
+    """The complete lines of a trace file, compressed or plain, as bytes (what ``read_traces`` parses);
+    returns how many of the file's bytes held them (the whole file when nothing was cut)."""
+    with path.open("rb") as stream:
+        return (yield from gzip_member_lines(stream, path) if path.suffix == ".gz" else _plain_lines(stream))
 
 
 def _keep_complete(path: Path, step: int | None) -> None:
     """Before appending: rewrite ``path`` with its complete records only (what a kill cut is dropped, or
     the next write would be glued to it) and, for a run resumed from ``step``, none of a later step
-    (they run again). Written to a staging file, then renamed."""
+    (they run again). Read once; written to a staging file, then renamed, only when that changes it."""
     if not path.exists() or path.stat().st_size == 0:
         return
-    kept, changed = [], False
-    for line in raw_trace_lines(path):
+    kept, changed, lines = [], False, raw_trace_lines(path)
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration as end:
+            sound = end.value
+            break
         try:
             line_step = (json.loads(line).get("provenance") or {}).get("step") if step is not None else None
         except (json.JSONDecodeError, AttributeError):
@@ -181,26 +196,12 @@ def _keep_complete(path: Path, step: int | None) -> None:
             kept.append(line)
         else:
             changed = True
-    body = b"".join(kept)
-    if not changed and _whole(path, body):
+    if not changed and sound == path.stat().st_size:
         return
+    body = b"".join(kept)
     staging = path.with_name(path.name + ".tmp")
     staging.write_bytes(gzip.compress(body, compresslevel=6) if path.suffix == ".gz" and body else body)
     staging.replace(path)
-
-
-def _whole(path: Path, body: bytes) -> bool:
-    """Whether ``path`` holds exactly ``body`` already (nothing was cut), read cheaply for a plain file."""
-    if path.suffix != ".gz":
-        return path.stat().st_size == len(body)
-    with path.open("rb") as fh:  # a compressed file is whole when its last member ends it
-        data, member = fh.read(), zlib.decompressobj(wbits=31)
-    while data:
-        member.decompress(data)
-        if not member.eof:
-            return False
-        data, member = member.unused_data, zlib.decompressobj(wbits=31)
-    return True
 
 
 def read_traces(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -139,8 +139,9 @@ def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIME
     token = f".gather-{secrets.token_hex(8)}"
     (run_dir / token).touch()
     import gzip
+    import io
 
-    from bridges.workflows.traces import TRACES_FILE, raw_trace_lines
+    from bridges.workflows.traces import TRACES_FILE, gzip_member_lines
 
     texts: list[bytes] = []
     try:
@@ -158,11 +159,8 @@ def gather_traces(run_dir: Any, env: dict[str, str], timeout: float = CHECK_TIME
         (run_dir / token).unlink()
     brought = 0
     with (run_dir / TRACES_FILE).open("ab") as out:
-        for data in texts:
-            staged = run_dir / f"{token}.gz"
-            staged.write_bytes(data)
-            lines = list(raw_trace_lines(staged))  # whole members only: one a kill cut is not brought
-            staged.unlink()
+        for data in texts:  # whole members only: one a kill cut on that node is not brought
+            lines = list(gzip_member_lines(io.BytesIO(data), f"the traces of another node for {run_dir}"))
             if lines:
                 out.write(gzip.compress(b"".join(lines), compresslevel=6))
             brought += len(lines)
