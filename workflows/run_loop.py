@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from bridges.envs.types import StopReason
 from bridges.runs.metrics import StepProgress, finish_run
 from bridges.runtime.errors import TrainingDivergedError
 from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics, step_tallies
@@ -151,8 +152,9 @@ async def run_training(
         progress.close()
     if logger is None:
         return []
+    failed = any(row.get(f"stop/{StopReason.REWARD_ERROR.value}") for row in logger.rows)  # then read the traces
     finish_run(logger.rows, spec.run_dir, f"{config.env} · {spec.model} · {spec.backend}", spec.artifacts,
-               reward_failure(spec.run_dir))
+               reward_failure(spec.run_dir) if failed else None)
     return logger.rows
 
 

@@ -23,12 +23,14 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from bridges.envs.types import StopReason
 from bridges.runtime.errors import ConfigError
 from bridges.workflows.types import Group
 
 TRACES_FILE = "traces.jsonl.gz"
 PLAIN_TRACES_FILE = "traces.jsonl"  # what runs wrote before traces were compressed; still read
 CHUNK_BYTES = 1 << 20
+FAILED_REWARD = f'"stop_reason": "{StopReason.REWARD_ERROR.value}"'.encode()  # as json.dumps writes it
 
 
 def traces_path(run_dir: str | Path) -> Path:
@@ -228,7 +230,7 @@ def reward_failures(run_dir: str | Path) -> tuple[int, int, dict[str, Any] | Non
         if b'"split": "eval"' in raw:
             continue
         total += 1
-        if b'"stop_reason": "reward_error"' in raw:
+        if FAILED_REWARD in raw:
             failed += 1
             first = first or json.loads(raw)
     return failed, total, first

@@ -306,7 +306,8 @@ def _prepare(config: TrainConfig) -> _Prepared:
     dtype, strategy = hardware_settings(config)
     where, world = placement(t.device, dtype), world_from_env(strategy)
     start_processes(world, where.device)  # [distributed] join the process group
-    check_shared_run_folder(Path(config.output_dir) / config.resolved_run_name, world)  # [distributed]
+    run_dir = Path(config.output_dir) / config.resolved_run_name
+    check_shared_run_folder(run_dir, world)  # [distributed]
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     if where.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
@@ -316,7 +317,6 @@ def _prepare(config: TrainConfig) -> _Prepared:
     env = load_environment(config.env, **config.env_args)
     env.max_concurrent = t.max_concurrent
     ctx, tokenizer = build_step_context(config, where, world)
-    run_dir = Path(config.output_dir) / config.resolved_run_name
     start = _resume(config, run_dir, ctx)
     check_agreement("the step the run resumes from", (start.step, start.data_position), world)  # [distributed]
     sampling_args = rollout_sampling_args(config, env.sampling_args)

@@ -188,7 +188,7 @@ def save_dataset(records: list[dict[str, Any]], path: Path) -> None:
 def _dataset(config: EvalConfig, env: Any) -> Any:
     """The rows to evaluate. An environment without an eval split would hand back its training rows for
     ``split=eval`` (``get_eval_dataset`` falls back to them): that is refused, not done silently."""
-    if config.split == "eval" and getattr(env, "eval_dataset", None) is None:
+    if config.split == "eval" and env.eval_dataset is None:
         raise ConfigError(
             f"environment '{config.env}' has no eval split, so split=eval would evaluate its training rows; pass "
             "split=train to evaluate on those (named so in the summary), or build it with eval_dataset=."
