@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -60,6 +61,20 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .+)")
+
+
+def first_error(path: Path) -> str | None:
+    """The first ``SomeError: message`` of verl's console log (a Ray worker's prefix left out): the cause,
+    where the last lines are the driver's echo of it."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = _ERROR_LINE.search(text.replace("\r", "\n"))
+    return found.group(1).strip()[:300] if found else None
 
 
 def run_verl(command: list[str], env: dict[str, str], run_dir: Path, progress: StepProgress) -> int:

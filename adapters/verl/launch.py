@@ -134,12 +134,28 @@ def finish(config: TrainConfig, run_dir: Path, resume_step: int, code: int) -> i
     names = tuple(load_environment(config.env, **config.env_args).rubric.get_reward_func_names())
     rows = fold_metrics(run_dir, resume_step, names)
     if code != 0:
-        print(f"verl's trainer exited with code {code}; the steps it finished are in "
-              f"{run_dir / 'metrics.jsonl'}, and resume=true continues from its last checkpoint.", file=sys.stderr)
+        print(exit_sentence(run_dir, code, sum(r.get("step", 0) > resume_step for r in rows)),
+              file=sys.stderr)
     else:
         finish_run(rows, run_dir, f"{config.env} · {config.model} · verl",
                    ["metrics.jsonl", "traces.jsonl.gz", "checkpoints/", "verl/"], reward_failure(run_dir))
     return code
+
+
+def exit_sentence(run_dir: Path, code: int, finished: int) -> str:
+    """Why verl stopped, in one sentence: the first error its log names (the cause, which the log's last
+    lines only echo), what was finished and saved, and whether ``resume=true`` has anything to continue."""
+    from bridges.adapters.verl.console import CONSOLE_LOG, first_error
+    from bridges.adapters.verl.run_files import latest_checkpoint_step
+
+    error = first_error(run_dir / CONSOLE_LOG)
+    cause = f"its first error: {error}" if error else f"its log, {run_dir / CONSOLE_LOG}, names no error"
+    saved = latest_checkpoint_step(run_dir / "checkpoints")
+    if not saved:
+        return (f"verl's trainer exited with code {code} ({cause}) after {finished} steps and before it saved a "
+                f"checkpoint, so there is nothing to resume; its whole output is in {run_dir / CONSOLE_LOG}.")
+    return (f"verl's trainer exited with code {code} ({cause}); the {finished} steps it finished in this launch "
+            f"are in {run_dir / 'metrics.jsonl'}, and resume=true continues from its checkpoint of step {saved}.")
 
 
 def overrides(

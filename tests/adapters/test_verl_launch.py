@@ -189,3 +189,31 @@ def test_verl_validates_every_eval_every_steps_on_eval_examples_rows(tmp_path: P
     assert len(pd.read_parquet(tmp_path / "verl-repeat_letter" / "verl" / "eval.parquet")) == 5
     cfg, _ = composed(tmp_path, 0, monkeypatch, "overwrite=true")
     assert cfg.trainer.test_freq == -1  # off: verl validates once, before training
+
+
+def test_a_verl_exit_quotes_its_first_error_and_offers_resume_only_with_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A cluster whose GPU the node cannot use: verl dies before a step, the cause deep in its log."""
+    from bridges.adapters.verl.launch import finish
+
+    run_dir = tmp_path / "r"
+    (run_dir / "verl").mkdir(parents=True)
+    (run_dir / "verl" / "console.log").write_text(
+        "starting\n(TaskRunner pid=42) RuntimeError: Distributed package doesn't have NCCL built in\n"
+        "...\nray.exceptions.RayTaskError(RuntimeError): echoed again at the end\n"
+    )
+    config = parse_config(TrainConfig, ["backend=verl", f"output_dir={tmp_path}", "run_name=r"])
+    assert finish(config, run_dir, 0, 1) == 1
+    said = capsys.readouterr().err.strip()
+    assert said == (
+        "verl's trainer exited with code 1 (its first error: RuntimeError: Distributed package doesn't have NCCL "
+        "built in) after 0 steps and before it saved a checkpoint, so there is nothing to resume; its whole output "
+        f"is in {run_dir / 'verl' / 'console.log'}."
+    )
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    (run_dir / "verl" / "console.log").write_text("no traceback at all\n")
+    assert finish(config, run_dir, 0, 1) == 1
+    said = capsys.readouterr().err.strip()
+    assert "names no error" in said and said.endswith("resume=true continues from its checkpoint of step 2.")
