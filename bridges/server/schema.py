@@ -117,8 +117,10 @@ def _given(key: str, kind: str, then: dict[str, Any]) -> dict[str, Any]:
 # stream_options is refused unless stream is true (as OpenAI's API does), top_logprobs unless logprobs is
 _STREAM_OPTIONS_NEED_STREAM = _given("stream_options", "object",
                                      {"required": ["stream"], "properties": {"stream": {"const": True}}})
-_TOP_LOGPROBS_NEED_LOGPROBS = _given("top_logprobs", "integer",
-                                     {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}})
+# (a top_logprobs of 0 asks for nothing, so the server takes it without logprobs: the condition says so)
+_TOP_LOGPROBS_NEED_LOGPROBS = {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer",
+                                                                                                    "minimum": 1}}},
+                               "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 
 
 def nullable_optionals(schema: dict[str, Any]) -> dict[str, Any]:
