@@ -40,6 +40,7 @@ HONOURED_KEYS = shared_keys() - {
     # the service (or the local server: CUDA when visible) decides where and how the model trains
     "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
     "trainer.num_processes", "trainer.strategy", "trainer.micro_batch_tokens", "trainer.kernels",
+    "trainer.peer_timeout_s",
 }
 # the local server's (and Tinker's) optimizer metrics under the names every backend uses
 TINKER_METRIC_NAMES = {"optim/grad_norm": "grad_norm", "optim/lr": "lr", "optim/skipped": "skipped_nonfinite"}

@@ -44,6 +44,7 @@ HONOURED_KEYS = shared_keys() - {
     "trainer.strategy", "trainer.logprob_chunk_tokens",
     "trainer.micro_batch_tokens",  # TRL packs with its own trl.padding_free (flash-attention only)
     "trainer.kernels",  # TRL's own: trl.use_liger_kernel, or torch_compile in its TrainingArguments
+    "trainer.peer_timeout_s",  # accelerate's processes: torchrun and NCCL's own timeouts
 }
 
 

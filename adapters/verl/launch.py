@@ -58,6 +58,7 @@ HONOURED_KEYS = shared_keys() - {
     "trainer.num_processes", "trainer.strategy",
     "trainer.micro_batch_tokens",  # verl packs with its own use_remove_padding (verl.actor_rollout_ref.*)
     "trainer.kernels",  # verl's own: actor_rollout_ref.model.use_liger / use_fused_kernels
+    "trainer.peer_timeout_s",  # Ray watches verl's workers
 }
 
 

@@ -73,10 +73,25 @@ def start(world: World, device: torch.device) -> None:
     if not world.distributed or dist.is_initialized():
         return
     timeout = datetime.timedelta(minutes=10)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    where: dict[str, Any] = {"store": store, "rank": world.rank, "world_size": world.size} if (
+        store := restarted_group_store(timeout)) is not None else {}
     if device.type == "cuda":  # the group bound to this rank's GPU: collectives never guess a device
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        dist.init_process_group(backend, timeout=timeout, device_id=device, **where)
     else:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, **where)
+
+
+def restarted_group_store(timeout: datetime.timedelta) -> Any:
+    """A worker group one torchrun started again (``--max-restarts``, one node): its rendezvous keys under a
+    prefix of their own. torchrun's static rendezvous keeps one store across attempts, so a restarted rank read
+    a dead rank's address from the attempt before and failed ("connectFullMesh ... Connection refused"). Across
+    nodes the count is not shared (torchrun's c10d rendezvous gives each round a new store instead): None."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"bridges-attempt-{restart}", client)
 
 
 def stop(finished: bool = False) -> None:

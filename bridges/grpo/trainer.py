@@ -87,6 +87,7 @@ from bridges.grpo.parallel import (
 )
 from bridges.grpo.parallel import start as start_processes
 from bridges.grpo.parallel import stop as stop_processes
+from bridges.grpo.peers import PeerWatch, watched
 from bridges.grpo.policy import load_policy, make_engine, trainable_names
 from bridges.grpo.precision import DynamicLossScale, MasterWeights, make_optimizer, make_scaler
 from bridges.grpo.rollouts import InProcessRollouts, Rollouts
@@ -277,9 +278,14 @@ def _micro_batch_loss(ctx: StepContext, chunk: list[TrainingSample]) -> LossOutp
 
 
 def run(config: TrainConfig, options: None = None) -> int:
-    """The ``Backend`` entry point: prepare (``_prepare`` -> ``_Prepared``), then train (``_train``, the
-    loop in ``workflows.run_loop``, which names its own ``RunSpec`` and ``RunPosition``)."""
-    return asyncio.run(_train(config))
+    """The ``Backend`` entry point: join the other processes, then prepare (``_prepare`` -> ``_Prepared``) and
+    train (``_train``, the loop in ``workflows.run_loop``, which names its own ``RunSpec`` and ``RunPosition``)."""
+    dtype, strategy = hardware_settings(config)
+    where, world = placement(config.trainer.device, dtype), world_from_env(strategy)
+    start_processes(world, where.device)  # [distributed] join the process group
+    watch = PeerWatch.start(world, config.trainer.peer_timeout_s)  # [distributed] the others' heartbeats
+    with watched(watch):  # [distributed] a peer that stops ends the run in one sentence naming it
+        return asyncio.run(_train(config, where, world, watch))
 
 
 @dataclasses.dataclass
@@ -295,17 +301,14 @@ class _Prepared:
     run_dir: Path
     sampling_args: dict[str, Any]
     where: Placement
+    watch: PeerWatch | None
 
 
-def _prepare(config: TrainConfig) -> _Prepared:
-    """Seeds, environment, device and precision, the step context, resumed from the newest intact
-    checkpoint."""
+def _prepare(config: TrainConfig, where: Placement, world: World, watch: PeerWatch | None) -> _Prepared:
+    """Seeds, environment, the step context, resumed from the newest intact checkpoint."""
     from bridges.envs.registry import load_environment
 
     t = config.trainer
-    dtype, strategy = hardware_settings(config)
-    where, world = placement(t.device, dtype), world_from_env(strategy)
-    start_processes(world, where.device)  # [distributed] join the process group
     run_dir = Path(config.output_dir) / config.resolved_run_name
     check_shared_run_folder(run_dir, world)  # [distributed]
     random.seed(config.seed)
@@ -320,7 +323,7 @@ def _prepare(config: TrainConfig) -> _Prepared:
     start = _resume(config, run_dir, ctx)
     check_agreement("the step the run resumes from", (start.step, start.data_position), world)  # [distributed]
     sampling_args = rollout_sampling_args(config, env.sampling_args)
-    return _Prepared(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where)
+    return _Prepared(config, env, env.get_dataset(), tokenizer, ctx, start, run_dir, sampling_args, where, watch)
 
 
 def hardware_settings(config: TrainConfig) -> tuple[str, str]:
@@ -376,8 +379,9 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
 
 
 def _resume(config: TrainConfig, run_dir: Path, ctx: StepContext) -> RunPosition:
-    """``resume=true``: weights, masters, optimizer, scheduler and position from the newest intact
-    checkpoint (every process reads the same one); the start of the run otherwise."""
+    """``resume=true`` (set for every worker of a job torchrun may restart: ``bridges.jobs.train``): weights,
+    masters, optimizer, scheduler and position from the newest intact checkpoint (every process reads the same
+    one); the start of the run otherwise. The run's files are cut back to that step, so no step counts twice."""
     if not config.resume:
         return RunPosition()
     resumed = resume_latest_intact(run_dir / "checkpoints", ctx.policy, ctx.optimizer, ctx.scheduler,
@@ -424,6 +428,11 @@ class _Learner:
     run: _Prepared
     rollouts: Rollouts
     started: list[asyncio.Future[list[Group]]] = dataclasses.field(default_factory=list)
+    steps: int = 0  # train() calls in this process: the step is run.start.step + steps
+
+    def report(self, doing: str) -> None:
+        if self.run.watch is not None:  # [distributed] what the other processes quote if this one stops
+            self.run.watch.report(doing)
 
     @property
     def weight_version(self) -> int:
@@ -446,6 +455,8 @@ class _Learner:
         await self.rollouts.update_weights(state, policy)
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
+        self.steps += 1
+        self.report(f"training step {self.run.start.step + self.steps}")
         # vllm.enable_sleep_mode: the engine's memory is the step's (its weights discarded: pushed back below)
         offloaded = await self.rollouts.offload()
         result: dict[str, Any] = await asyncio.to_thread(
@@ -456,7 +467,9 @@ class _Learner:
             # which batch is fixed by the step, never by how fast a thread ran (the same seed, the same run)
             if in_flight := [f for f in self.started if not f.done()]:
                 await asyncio.wait(in_flight)
+            self.report(f"sending the weights of step {self.run.start.step + self.steps} to the engine")
             await self.push_weights()
+        self.report(f"generating the rollouts of step {self.run.start.step + self.steps + 1}")
         return {
             **result,
             "lr": self.run.ctx.scheduler.get_last_lr()[0],
@@ -465,14 +478,15 @@ class _Learner:
 
     async def save(self, position: RunPosition) -> None:
         run, ctx = self.run, self.run.ctx
+        self.report(f"saving the checkpoint of step {position.step}")
         await asyncio.to_thread(
             bound(run.where.device, save_checkpoint), run.run_dir / "checkpoints", position, ctx.policy, ctx.optimizer, ctx.scheduler,
             ctx.master, ctx.world, keep=run.config.keep_checkpoints, tokenizer=run.tokenizer, scaler=ctx.scaler,
         )
 
 
-async def _train(config: TrainConfig) -> int:
-    run = _prepare(config)
+async def _train(config: TrainConfig, where: Placement, world: World, watch: PeerWatch | None) -> int:
+    run = _prepare(config, where, world, watch)
     rollouts = await _rollouts(run)
     learner = _Learner(run, rollouts)
     spec = RunSpec(run.run_dir, "grpo", rollouts.name, config.model, run.dataset, run.sampling_args,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from bridges.runs.preflight import (
 )
 from bridges.runs.train_config import TrainConfig, refuse_ignored_keys
 from bridges.runtime.errors import BridgesError, ConfigError, MissingExtraError
-from bridges.runtime.launch import is_main_process, launch, launched_size
+from bridges.runtime.launch import is_main_process, launch, launched_size, restarts_allowed
 
 
 def validate(config: TrainConfig, backend: Backend) -> Any:
@@ -109,10 +110,26 @@ def backend_help(args: list[str]) -> None:
                 raise ConfigError(f"{str(exc).rstrip('.')}; backends: {', '.join(available_backends())}.") from None
 
 
+def continued_under_restarts(config: TrainConfig) -> TrainConfig:
+    """Under ``torchrun --max-restarts N`` every worker continues the run in its folder (``resume=true``): torchrun
+    starts workers again after a failure, and on the other nodes after the failed one rejoins, where the restart
+    count it gives them stays 0, so no worker can tell a first start from a restart (torchtitan resumes the
+    same way). ``overwrite=true`` would empty the folder at every restart: refused."""
+    if not restarts_allowed():
+        return config
+    if config.overwrite:
+        raise ConfigError(
+            "overwrite=true under torchrun --max-restarts would empty the run folder at every restart; remove the "
+            "folder before starting the job, or pass another run_name=."
+        )
+    return dataclasses.replace(config, resume=True)
+
+
 def train(args: list[str]) -> int:
     """Run ``python -m bridges.train`` with these ``key=value`` arguments; returns the exit code."""
     backend_help(args)
     config = parse_config(train_schema(), args)
+    config = continued_under_restarts(config)
     backend = resolve_backend(config.backend)
     options = validate(config, backend)
     if config.dry_run:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from bridges.runtime.errors import BridgesError, ConfigError
+from bridges.runtime.launch import record_for_launcher
 
 T = TypeVar("T")
 
@@ -385,6 +386,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
         print(shown, end="")
         raise SystemExit(0) from None
     except BridgesError as exc:
+        record_for_launcher(str(exc))
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:

@@ -138,6 +138,10 @@ class TrainerConfig:
         "ddp", choices=STRATEGIES, help="with several processes: ddp (replicas, gradients all-reduced) or fsdp "
         "(FSDP2: parameters, gradients and optimizer state sharded, like ZeRO-3)",
     )
+    peer_timeout_s: float = option(
+        60.0, gt=0.0, le=86400.0, help="with several processes: one silent this long (stopped, hung, its machine "
+        "gone) ends the run with one sentence naming it; each beats once a second from a thread of its own",
+    )
     # parameter-efficient training
     lora_rank: int = option(0, ge=0, help="LoRA rank; 0 = full fine-tuning")
     lora_alpha: int = option(32, ge=1, help="LoRA alpha")

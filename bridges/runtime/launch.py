@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -44,6 +45,21 @@ def launched_size() -> int:
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def restarts_allowed() -> int:
+    """``torchrun --max-restarts``: how many times torchrun may start this job's workers again."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
+def record_for_launcher(sentence: str) -> None:
+    """torchrun's failure block quotes a worker's error file (``TORCHELASTIC_ERROR_FILE``) as the root cause:
+    the sentence goes there, instead of "To enable traceback see ..."."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with contextlib.suppress(OSError):
+            extra = {"py_callstack": sentence, "timestamp": str(int(time.time()))}  # the block shows py_callstack
+            Path(path).write_text(json.dumps({"message": {"message": sentence, "extraInfo": extra}}))
 
 
 def accelerate_settings() -> dict[str, str]:
@@ -99,7 +115,9 @@ def launch(module: str, argv: Sequence[str], size: int, run_dir: Path) -> int:
     if failed is None:
         return 0
     rank, code = failed
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    how = {True: f"was killed by signal {-code}", False: f"exited with code {code}"}[code < 0]
+    if code == 2:  # a BridgesError: its sentence is printed above
+        how = "ended with the error above"
     raise ProcessFailedError(
         f"training process {rank} of {size} {how}, so the other processes were stopped; the steps finished "
         f"before it are in {run_dir}, and resume=true continues from its last checkpoint."

@@ -5,40 +5,17 @@ resuming from different steps and waiting on each other until gloo's collective 
 
 from __future__ import annotations
 
+import json
 import os
-import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
-
-ENVS = Path(__file__).resolve().parent / "envs"  # bridges_test_dense_env
-SMALL = ["progress=false", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=2",
-         "sampling.max_tokens=4", "env=bridges_test_dense_env", "trainer.device=cpu"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def node(rank: int, port: int, cwd: Path, *args: str, per_node: int = 1) -> subprocess.Popen[str]:
-    """One node's ``torchrun`` (``per_node`` processes on it), as a user starts each machine."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-               f"--nproc_per_node={per_node}", "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
-               "bridges.train", *SMALL, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def both(first: Path, second: Path, *args: str, per_node: int = 1) -> list[tuple[int, str]]:
-    port = free_port()
-    nodes = [node(0, port, first, *args, per_node=per_node), node(1, port, second, *args, per_node=per_node)]
-    return [(p.wait(timeout=300), p.communicate()[1]) for p in nodes]
+from nodes import SMALL, both, finish, free_port, node_environment
+from trace_files import run_traces
 
 
 @pytest.mark.slow
@@ -92,3 +69,33 @@ def test_two_nodes_of_two_processes_with_their_own_folders_name_both_blind_ranks
         assert code != 0 and said, err[-2000:]
         assert said[0].startswith("error: rank 2 on ") and ", rank 3 on " in said[0]  # node 1's two ranks
         assert "rank 1 on" not in said[0]  # rank 1 shares rank 0's node, so it sees the folder
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_processes_save_and_resume_into_one_folder(tmp_path: Path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for code, err in both(shared, shared, "save_every=1", "trainer.batch_size=4", per_node=2):
+        assert code == 0, err[-2000:]
+    for code, err in both(shared, shared, "resume=true", "trainer.max_steps=3", "trainer.batch_size=4", per_node=2):
+        assert code == 0, err[-2000:]
+    run = shared / "runs" / "grpo-bridges_test_dense_env"
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]
+    per_step = Counter(line["provenance"]["step"] for line in run_traces(run))
+    assert per_step == {1: 8, 2: 8, 3: 8}  # every rank's episodes in the one traces file, each step once
+
+
+@pytest.mark.slow
+def test_accelerate_launch_on_two_machines_trains_one_run(tmp_path: Path):
+    port = free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines=2", f"--machine_rank={rank}",
+         "--main_process_ip=127.0.0.1", f"--main_process_port={port}", "--num_processes=2", "--mixed_precision=no",
+         "--dynamo_backend=no", "-m", "bridges.train", *SMALL],
+        cwd=tmp_path, env=node_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)]
+    for launcher in nodes:
+        code, output = finish(launcher, timeout=300)
+        assert code == 0, output[-2000:]
+    rows = (tmp_path / "runs" / "grpo-bridges_test_dense_env" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2]
