@@ -98,6 +98,18 @@ def test_the_configuration_reference_is_what_the_schemas_say():
     assert page.read_text() == expected, "docs/configuration.md is stale: rerun with BRIDGES_WRITE_DOCS=1"
 
 
+def test_the_backends_table_is_what_each_backend_does(tmp_path: Path):
+    """docs/guide/backends.md shows the record dry_run prints from (bridges/runs/training_signal.py)."""
+    from bridges.runs.training_signal import ASPECTS, SAME_AS_GRPO, describe_signal, signal_table
+
+    page = (ROOT / "docs" / "guide" / "backends.md").read_text()
+    shown = page.split("<!-- training signal: rendered from bridges/runs/training_signal.py -->\n")[1]
+    assert shown.split("<!-- end of training signal -->")[0] == signal_table()
+    said = describe_signal("verl")
+    assert said.count("\n") == len(ASPECTS) + 1 and "algorithm.adv_estimator=bridges_grpo" in said
+    assert f": {SAME_AS_GRPO}\n" not in describe_signal("tinker")  # grpo's meaning, spelled out
+
+
 def test_the_guides_multi_turn_example_is_the_tested_file():
     guide = (ROOT / "docs" / "guide" / "environments.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)

@@ -36,8 +36,10 @@ def group_advantages(
 ) -> tuple[list[float], str | None]:
     """Advantages aligned with ``rewards``; the second value says why the group was skipped, if it was.
 
-    ``grpo``: (r - mean) / (std + eps) with the population std (as TRL); ``dr_grpo``: r - mean
-    (Dr. GRPO drops the std division, which over-weights near-deterministic prompts).
+    ``grpo``: (r - mean) / (std + eps) with the sample std (Bessel's n - 1), as verl's
+    ``compute_grpo_outcome_advantage`` computes it (eps 1e-6 too) and TRL does (``torch.std``; its eps is
+    1e-4), so one group gets one set of advantages on every backend; ``dr_grpo``: r - mean (Dr. GRPO drops
+    the std division, which over-weights near-deterministic prompts).
     """
     if method not in ("grpo", "dr_grpo"):
         raise ValueError(f"unknown advantage method '{method}'; use 'grpo' or 'dr_grpo'.")
@@ -46,7 +48,7 @@ def group_advantages(
     if len(members) < 2:
         return zeros, "too_few_valid"
     mean = sum(members) / len(members)
-    std = math.sqrt(sum((r - mean) ** 2 for r in members) / len(members))
+    std = math.sqrt(sum((r - mean) ** 2 for r in members) / (len(members) - 1))
     if std == 0.0:
         return zeros, "zero_variance"
     scale = 1.0 / (std + eps) if method == "grpo" else 1.0

@@ -100,6 +100,13 @@ def validate(config: TrainConfig, options: TinkerOptions) -> None:
             "built-in of the service with no ratio cap; use tinker.loss_fn=cispo, which truncates at the cap, "
             "or leave trainer.ratio_cap at its default."
         )
+    defaults, t = type(config.trainer)(), config.trainer
+    clip = next((f"trainer.{k}={getattr(t, k)}" for k in ("epsilon", "epsilon_high") if getattr(t, k) != getattr(defaults, k)), None)
+    if clip is not None and options.loss_fn != "ppo":
+        raise ConfigError(
+            f"{clip} has no place in Tinker's {options.loss_fn} loss, which does not clip the ratio; use "
+            "tinker.loss_fn=ppo, which clips at trainer.epsilon/epsilon_high, or leave them at their defaults."
+        )
     if config.sampling.temperature != 1.0:
         raise ConfigError(
             f"sampling.temperature={config.sampling.temperature} is refused on Tinker: its sampler reports "

@@ -80,6 +80,9 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
         "weight_decay": t.weight_decay,
         "max_grad_norm": t.max_grad_norm,
         "loss_type": t.loss,
+        # dr_grpo's advantages are r - mean (no std division), as on grpo, Tinker and verl; TRL's default
+        # "group" would still divide by the std, doubling them against the others on a 0/1 group of four
+        "scale_rewards": "none" if t.loss == "dr_grpo" else "group",
         "epsilon": t.epsilon,
         "beta": t.beta,
         "max_completion_length": completion_budget(config, env),

@@ -15,7 +15,8 @@ What comes back (``AgentLoopOutput``):
 A trajectory that runs out of response budget ends like verl's own tool loop does: the turn that
 hit the limit is kept (closed, never spliced onto) and the rollout is scored. A rollout that fails
 (environment error, reward error, engine error) becomes a fully masked sample with reward 0 and
-its reason in ``extra_fields``; nothing it raises reaches the worker.
+its reason in ``extra_fields``; nothing it raises reaches the worker. The 0 never enters its group's
+baseline: ``advantages.py`` computes verl's GRPO advantages over the valid members only.
 
 One difference from ``bridges.grpo`` and TRL: verl runs each trajectory in its own loop, so a group
 reward function sees a group of one here.

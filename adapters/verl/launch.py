@@ -166,7 +166,7 @@ def overrides(
     t = config.trainer
     prompt_length, response_length = lengths
     keys: dict[str, Any] = {
-        "algorithm.adv_estimator": "grpo",
+        "algorithm.adv_estimator": "bridges_grpo",  # verl's GRPO over valid members only (advantages.py)
         "algorithm.norm_adv_by_std_in_grpo": t.loss != "dr_grpo",
         "data.train_files": str(files["train"]),
         "data.val_files": str(files["eval"]),

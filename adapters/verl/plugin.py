@@ -1,5 +1,5 @@
 """Imported by verl itself in every one of its processes (``VERL_USE_EXTERNAL_MODULES``, set by the
-launcher): registers the ``hf`` rollout, works around verl 0.9.1's trl import, and on a CPU
+launcher): registers the ``hf`` rollout and the ``bridges_grpo`` advantages, works around verl 0.9.1's trl import, and on a CPU
 (``BRIDGES_VERL_CPU=1``) selects the CPU platform. verl's installed files are never touched.
 
 The trl workaround: verl's model patching imports ``AutoModelForCausalLMWithValueHead`` whenever
@@ -92,6 +92,9 @@ def install() -> None:
 
         cpu_platform.enable()
     import bridges.adapters.verl.hf_rollout  # noqa: F401 (registers rollout.name=hf on import)
+    from bridges.adapters.verl.advantages import register
+
+    register()  # algorithm.adv_estimator=bridges_grpo: failed rollouts out of the group baseline
 
 
 install()

@@ -22,6 +22,7 @@ from bridges.runs.preflight import (
     claim_run_folder,
 )
 from bridges.runs.train_config import TrainConfig, refuse_ignored_keys
+from bridges.runs.training_signal import describe_signal
 from bridges.runtime.errors import BridgesError, ConfigError, MissingExtraError
 from bridges.runtime.launch import is_main_process, launch, launched_size, restarts_allowed
 
@@ -134,7 +135,8 @@ def train(args: list[str]) -> int:
     options = validate(config, backend)
     if config.dry_run:
         print(to_yaml(config), end="")
-        print(backend.describe(config, options), end="")  # what the backend would hand its native trainer
+        print(describe_signal(config.backend), end="")  # what an episode becomes there
+        print(backend.describe(config, options), end="")  # what the backend would hand its native trainer (last)
         return 0
     run_dir = Path(config.output_dir) / config.resolved_run_name
     if config.trainer.num_processes > 1 and launched_size() == 1:  # start the processes; each runs main()

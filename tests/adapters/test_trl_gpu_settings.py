@@ -36,6 +36,14 @@ def test_an_optimizer_step_generates_the_steps_rollouts_whatever_the_accumulatio
     assert args.generation_batch_size == 16 and args.generation_batch_size % args.num_generations == 0
 
 
+def test_dr_grpo_on_trl_leaves_the_std_out_as_every_backend_does(tmp_path: Path):
+    """TRL's scale_rewards decides the std division, not its loss_type: dr_grpo left at "group" still divided
+    by the std (+1.5/-0.5 on a 0/1 group of four where the others give +0.75/-0.25)."""
+    assert grpo_config(tmp_path, "trainer.loss=dr_grpo").scale_rewards == "none"
+    assert grpo_config(tmp_path).scale_rewards == "group"
+    assert grpo_config(tmp_path, "trainer.loss=dr_grpo", "trl.scale_rewards=batch").scale_rewards == "batch"  # trl.* wins
+
+
 def test_the_ratio_cap_is_trls_delta(tmp_path: Path):
     """One objective everywhere: TRL truncates the ratio where the bundled trainer does (default 4)."""
     from bridges.runs.train_config import TrainerConfig

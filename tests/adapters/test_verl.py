@@ -180,7 +180,7 @@ def test_dry_run_prints_the_command_without_verl(tmp_path: Path):
     assert env["VERL_USE_EXTERNAL_MODULES"].split(",")[-1] == "bridges.adapters.verl.plugin"
     keys = dict(arg.split("=", 1) for arg in command[3:])
     assert (
-        keys["algorithm.adv_estimator"] == "grpo" and keys["actor_rollout_ref.rollout.name"] == "hf"
+        keys["algorithm.adv_estimator"] == "bridges_grpo" and keys["actor_rollout_ref.rollout.name"] == "hf"
     )  # no GPU
     assert keys["actor_rollout_ref.rollout.n"] == "16" and keys["actor_rollout_ref.rollout.mode"] == "async"
     run_dir = tmp_path / "verl-arithmetic" / "verl"

@@ -102,6 +102,10 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=ppo", "trainer.ratio_cap=2.0"],
      "trainer.ratio_cap=2.0 has no place in Tinker's ppo loss"),
+    (["backend=tinker", "tinker.base_url=local", "trainer.epsilon=0.1"],
+     "trainer.epsilon=0.1 has no place in Tinker's importance_sampling loss, which does not clip the ratio"),
+    (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=cispo", "trainer.epsilon_high=0.3"],
+     "trainer.epsilon_high=0.3 has no place in Tinker's cispo loss"),
     (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
     (
         [

@@ -56,7 +56,7 @@ def test_grpo_and_dr_grpo_advantages_use_valid_members_only():
     rewards = [1.0, 0.0, None, 0.5]
     valid = [True, True, False, True]
     adv, skip = group_advantages(rewards, valid, "grpo")
-    mean, std = 0.5, math.sqrt(((0.5) ** 2 + (0.5) ** 2 + 0) / 3)
+    mean, std = 0.5, math.sqrt(((0.5) ** 2 + (0.5) ** 2 + 0) / 2)  # the sample std of the valid three
     assert skip is None
     assert adv[2] == 0.0  # the failed member is masked, not a fake zero in the baseline
     assert adv[0] == pytest.approx((1.0 - mean) / (std + 1e-6))

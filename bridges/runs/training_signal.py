@@ -1,0 +1,94 @@
+"""What one scored episode becomes on each backend: the one record of where the four agree and where they
+keep their own behaviour. ``dry_run=true`` prints the chosen backend's column; ``docs/guide/backends.md``
+holds the whole table, rendered from here (``tests/test_docs.py`` keeps the two equal).
+
+The trained tokens are the same on all four (ids, masks, the sampler's logprobs). What follows them is
+aligned where a setting has one meaning — group advantages, failed rollouts, the clip of a loss that has
+none — and stated here where a framework's users expect its own: a ``trainer.*`` key that a backend would
+silently ignore is refused by that backend instead (``refuse_ignored_keys`` and each backend's checks).
+"""
+
+from __future__ import annotations
+
+BACKENDS = ("grpo", "trl", "verl", "tinker")
+SAME_AS_GRPO = "as grpo"
+
+# aspect -> its meaning on each backend (SAME_AS_GRPO where it is grpo's, to the constant)
+ASPECTS: dict[str, dict[str, str]] = {
+    "group advantages": {
+        "grpo": "(r - mean) / (sample std + 1e-6) over the group's valid members; `dr_grpo`: r - mean; a group "
+                "with < 2 valid members or one reward contributes nothing",
+        "trl": "as grpo, eps 1e-4 (TRL's `scale_rewards=group`; `dr_grpo` sets `none`)",
+        "verl": "as grpo (`algorithm.adv_estimator=bridges_grpo`: verl's own function on the valid members)",
+        "tinker": SAME_AS_GRPO,
+    },
+    "a failed rollout": {
+        "grpo": "masked, out of its group's baseline, counted with its reason",
+        "trl": "masked, out of its group's baseline",
+        "verl": "a fully masked placeholder sample, out of its group's baseline",
+        "tinker": SAME_AS_GRPO,
+    },
+    "loss over a step": {
+        "grpo": "each sample's token mean, averaged over the samples that contribute (`dr_grpo`: token sum / "
+                "a constant length)",
+        "trl": "each sample's token mean, averaged over every sequence of the step (zero-variance groups too)",
+        "verl": "the token mean over every response token of the mini-batch (`dr_grpo`: "
+                "seq-mean-token-sum-norm): longer episodes weigh more",
+        "tinker": "the service's sum over every token of the batch, then the gradient clipped at "
+                  "`trainer.max_grad_norm`",
+    },
+    "`sampling.max_tokens`": {
+        "grpo": "tokens per model turn",
+        "trl": "the whole episode's completion budget (`max_completion_length`)",
+        "verl": "the whole episode's response budget (`data.max_response_length`)",
+        "tinker": SAME_AS_GRPO,
+    },
+    "off-policy samples": {
+        "grpo": "one step behind by default (`trainer.num_batches_ahead=1`); ratio against the sampler's "
+                "logprobs, clipped at `epsilon`/`epsilon_high`, truncated at `ratio_cap`",
+        "trl": "synchronous (`num_batches_ahead` refused); old logprobs recomputed, so the ratio is 1 on one "
+               "iteration",
+        "verl": "synchronous; ratio against verl's recomputed old logprobs, dual clip at `ratio_cap`",
+        "tinker": "one step behind by default; `importance_sampling` has no clip (`epsilon` refused), `ppo` "
+                  "clips at `epsilon`, `cispo` truncates at `ratio_cap`",
+    },
+    "a broken ledger (an agent rewrites its history)": {
+        "grpo": "every segment trained, each one a sample",
+        "trl": "the first segment only",
+        "verl": "the first segment only",
+        "tinker": SAME_AS_GRPO,
+    },
+    "KL (`trainer.beta` > 0)": {
+        "grpo": "k3 to a frozen reference, in each sample's token mean",
+        "trl": "k3, weighted by the ratio",
+        "verl": "verl's `kl_loss` (low_var_kl), token mean",
+        "tinker": "refused",
+    },
+    "sampling settings": {
+        "grpo": "the environment's `sampling_args` whole",
+        "trl": "temperature and top_p; `repetition_penalty`, `min_p` and `generation_kwargs` do not reach its "
+               "rollouts",
+        "verl": "temperature, top_p; the environment's `top_k` is dropped",
+        "tinker": "the local server stops at the tokenizer's EOS only",
+    },
+}
+
+
+def meaning(aspect: str, backend: str) -> str:
+    said = ASPECTS[aspect][backend]
+    return ASPECTS[aspect]["grpo"] if said == SAME_AS_GRPO else said
+
+
+def describe_signal(backend: str) -> str:
+    """``dry_run=true``'s lines for one backend (none for a backend this table does not cover)."""
+    if backend not in BACKENDS:
+        return ""
+    lines = "".join(f"#   {aspect}: {meaning(aspect, backend)}\n" for aspect in ASPECTS)
+    return f"# what an episode becomes on backend={backend} (docs/guide/backends.md)\n{lines}"
+
+
+def signal_table() -> str:
+    """The whole table, as docs/guide/backends.md shows it."""
+    head = "| | " + " | ".join(f"`{b}`" for b in BACKENDS) + " |\n|---|" + "---|" * len(BACKENDS) + "\n"
+    rows = "".join(f"| {aspect} | " + " | ".join(ASPECTS[aspect][b] for b in BACKENDS) + " |\n" for aspect in ASPECTS)
+    return head + rows
