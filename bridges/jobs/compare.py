@@ -59,6 +59,7 @@ class CompareConfig:
         factory=list, help="finished training run folders whose reward curves to overlay"
     )
     bootstrap: int = option(2000, ge=100, help="bootstrap resamples for the paired verdicts")
+    last_k: int = option(10, ge=1, help="runs=: the steps at each end of a curve its verdicts compare")
     output: str = option("outputs/compare", help="where the report, plot and results dataset go")
     progress: bool = option(False, help="progress bars")
     dry_run: bool = option(False, help="check everything and print the resolved config; compare nothing")
@@ -208,6 +209,20 @@ def read_curves(runs: list[str]) -> tuple[dict[str, list[tuple[int, float]]], st
     return curves, "samples seen" if by_samples else "step"
 
 
+def curve_sections(curves: dict[str, list[tuple[int, float]]], config: CompareConfig) -> dict[str, list[list[str]]]:
+    """The report's tables on the training runs (did each learn; how their ends compare), also printed."""
+    from bridges.jobs.curve_verdict import curve_rows, pair_rows
+
+    rewards = {name: [y for _, y in points] for name, points in curves.items() if points}
+    runs = curve_rows(rewards, config.last_k, config.bootstrap, config.seed)
+    pairs = pair_rows(rewards, config.last_k, config.bootstrap, config.seed) if len(rewards) > 1 else []
+    for name, _, first, last, moved, said in runs[1:]:
+        print(f"{name}: first steps {first} -> last steps {last}, {moved} -> {said}")
+    for a, b, gap, said in pairs[1:]:
+        print(f"{a} vs {b}: last {config.last_k} steps {gap} -> {said}")
+    return {"Training runs": runs, **({"Training runs compared": pairs} if pairs else {})}
+
+
 def compare(config: CompareConfig) -> int:
     """Evaluate each backend on the same rows and seeds, read the training curves, write the report."""
     from datasets import Dataset
@@ -244,11 +259,7 @@ def compare(config: CompareConfig) -> int:
             )
     if curves:
         images.append(plot_curves(curves, output / "curves.png", axis).name)
-        sections["Training runs"] = [["run", "points", "first reward", "last reward"]] + [
-            [name, str(len(points)), f"{points[0][1]:.4f}", f"{points[-1][1]:.4f}"]
-            for name, points in curves.items()
-            if points
-        ]
+        sections.update(curve_sections(curves, config))
     header = [
         f"environment {config.env} {config.env_args or ''}, model {config.model}, {config.num_examples} examples x "
         f"{config.rollouts_per_example} rollouts, seed {config.seed}, temperature {config.temperature}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,7 @@ def test_finished_runs_add_their_reward_curves(tmp_path: Path):
     assert main(["backends=[]", runs, f"output={tmp_path / 'out'}"]) == 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| grpo-x | 3 | 0.1000 | 0.8000 |" in report and "| trl-x | 3 | 0.1000 | 0.5000 |" in report
+    assert "## Training runs compared" in report and "| grpo-x | trl-x |" in report
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
 
 
@@ -144,3 +146,26 @@ def test_caveats_are_said_only_when_they_hold():
     same = caveats([result("a", [0.5, 1.0], [[1], [2]]), result("b", [0.5, 1.0], [[1], [2]])])
     assert len(same) == 1 and same[0].startswith("every backend sampled the same completions")
     assert caveats([result("a", [0.5, 1.0], [[1], [2]]), result("b", [0.5, 0.0], [[1], [4]])]) == []
+
+
+def test_curves_get_a_verdict_each_and_per_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Learned or not (last k steps against the first k), and per pair same / better / worse (their last k
+    steps), each with a bootstrap interval over steps."""
+    from bridges.jobs.curve_verdict import learned, pair_rows
+
+    draw = random.Random(0)
+    rising = [min(1.0, 0.1 + 0.02 * step + draw.uniform(-0.05, 0.05)) for step in range(40)]
+    flat = [0.3 + draw.uniform(-0.05, 0.05) for _ in range(40)]
+    twin = [r + draw.uniform(-0.02, 0.02) for r in rising]
+    assert learned(rising, 10).verdict("learned", "got worse", "did not learn") == "learned"
+    assert learned(flat, 10).verdict("learned", "got worse", "did not learn") == "did not learn"
+    verdicts = {(a, b): said for a, b, _, said in pair_rows({"rising": rising, "flat": flat, "twin": twin}, 10, 2000, 0)[1:]}
+    assert verdicts == {("rising", "flat"): "rising better", ("rising", "twin"): "same", ("flat", "twin"): "flat worse"}
+    for name, rewards in (("rising", rising), ("flat", flat)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "reward/mean": r}) + "\n" for i, r in enumerate(rewards)))
+    assert main(["backends=[]", f"runs=[{tmp_path / 'rising'},{tmp_path / 'flat'}]", f"output={tmp_path / 'out'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "-> learned" in printed and "-> did not learn" in printed and "rising vs flat: last 10 steps +" in printed
+    assert printed.count("-> rising better") == 1
