@@ -232,13 +232,14 @@ class _Learner:
         )
 
     async def train(self, samples: list[Any]) -> dict[str, Any]:
-        from bridges.adapters.tinker.datums import sample_to_datum
+        from bridges.adapters.tinker.datums import sample_to_datum, token_weights
         from bridges.runs.metrics import renamed
 
         t = self.config.trainer
         if not samples:
             return {"loss": 0.0, "grad_norm": 0.0, "lr": self.adam.learning_rate, "datums": 0}
-        datums = [sample_to_datum(s) for s in samples]
+        weights = token_weights(samples, t.loss_aggregation, t.loss, t.max_completion_length)
+        datums = [sample_to_datum(s, w) for s, w in zip(samples, weights, strict=True)]
         backward = self.training.forward_backward(
             datums, self.options.loss_fn, self.options.loss_fn_config(t)
         )

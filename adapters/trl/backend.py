@@ -79,7 +79,8 @@ def grpo_config_kwargs(config: TrainConfig, env: Any, run_dir: Path) -> dict[str
         "warmup_steps": t.warmup_steps,
         "weight_decay": t.weight_decay,
         "max_grad_norm": t.max_grad_norm,
-        "loss_type": t.loss,
+        # trainer.loss_aggregation as TRL's own loss types: each sequence's mean (grpo) or the global token mean (dapo)
+        "loss_type": t.loss if t.loss == "dr_grpo" else {"sample": "grpo", "token": "dapo"}[t.loss_aggregation],
         # dr_grpo's advantages are r - mean (no std division), as on grpo, Tinker and verl; TRL's default
         # "group" would still divide by the std, doubling them against the others on a 0/1 group of four
         "scale_rewards": "none" if t.loss == "dr_grpo" else "group",

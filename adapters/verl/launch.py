@@ -159,6 +159,14 @@ def exit_sentence(run_dir: Path, code: int, finished: int) -> str:
             f"are in {run_dir / 'metrics.jsonl'}, and resume=true continues from its checkpoint of step {saved}.")
 
 
+def loss_agg_mode(loss: str, aggregation: str) -> str:
+    """``trainer.loss``/``loss_aggregation`` as verl's ``loss_agg_mode``: each sequence's token mean averaged
+    over sequences (grpo's default), the token mean over the mini-batch, or dr_grpo's constant-length sums."""
+    if loss == "dr_grpo":
+        return "seq-mean-token-sum-norm"
+    return {"sample": "seq-mean-token-mean", "token": "token-mean"}[aggregation]
+
+
 def overrides(
     config: TrainConfig, files: dict[str, Path], lengths: tuple[int, int], model_path: str, layout: GpuLayout
 ) -> dict[str, Any]:
@@ -188,9 +196,9 @@ def overrides(
         **ratio_cap_overrides(t.ratio_cap, layout.gpus_per_node > 0),
         "actor_rollout_ref.actor.use_kl_loss": t.beta > 0,
         "actor_rollout_ref.actor.kl_loss_coef": t.beta,
-        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"
-        if t.loss == "dr_grpo"
-        else "token-mean",
+        "actor_rollout_ref.actor.loss_agg_mode": loss_agg_mode(t.loss, t.loss_aggregation),
+        # dr_grpo's constant normaliser: trainer.max_completion_length, as on grpo (verl: the padded width)
+        "actor_rollout_ref.actor.loss_scale_factor": t.max_completion_length if t.loss == "dr_grpo" else None,
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.n": t.group_size,
         "actor_rollout_ref.rollout.temperature": config.sampling.temperature,

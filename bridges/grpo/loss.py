@@ -29,12 +29,14 @@ class LossConfig:
     ratio_cap: float | None = None  # two-sided truncation of the unclipped ratio
     beta: float = 0.0  # KL to the reference policy (k3 estimator)
     max_completion_length: int = 256  # dr_grpo's constant normaliser
+    aggregation: str = "sample"  # grpo: "sample" (each sequence's token mean) or "token" (its token sum)
 
 
 @dataclass
 class LossOutput:
     loss: torch.Tensor  # the batch's loss: the mean of per_sample_B
-    per_sample_B: torch.Tensor  # each sequence's loss (a trainer normalising over several batches sums these)
+    per_sample_B: torch.Tensor  # each sequence's loss (a trainer normalising over several batches sums these,
+    # then divides by the step's samples, or under aggregation="token" by its loss tokens)
     clip_fraction: float
     mean_ratio: float
     kl: float
@@ -70,7 +72,9 @@ def policy_loss(
         per_token_B_T = per_token_B_T + config.beta * kl_B_T
         kl_sum = float((kl_B_T * mask_B_T).sum())
 
-    if config.loss_type == "grpo":  # each sequence's mean over its loss tokens
+    if config.loss_type == "grpo" and config.aggregation == "token":  # each sequence's sum: the trainer
+        per_sample_B = (per_token_B_T * mask_B_T).sum(-1)  # divides the step's sum by its loss tokens
+    elif config.loss_type == "grpo":  # each sequence's mean over its loss tokens
         per_sample_B = (per_token_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)
     elif config.loss_type == "dr_grpo":  # each sequence's sum over a constant length
         per_sample_B = (per_token_B_T * mask_B_T).sum(-1) / config.max_completion_length

@@ -210,7 +210,8 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     """Accumulate the policy loss over micro-batches, clip, step. The loss is the mean per-sample loss
     over the step's samples on every process together. No samples anywhere -> no update."""
     world = ctx.world
-    total = int(reduce_sum([len(samples)], world, ctx.device)[0])  # [distributed] the global batch
+    total, total_tokens = (int(n) for n in reduce_sum(
+        [len(samples), sum(sum(s.loss_mask[1:]) for s in samples)], world, ctx.device))  # [distributed] global
     if total == 0:
         return {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio/mean": 1.0, "kl": 0.0,
                 "skipped_nonfinite": 0.0, "skipped_overflow": 0.0, "optimizer/stepped": 0.0, "tokens/trained": 0.0}
@@ -221,13 +222,15 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
         chunks = [c for c in (samples[i :: ctx.grad_accum_steps] for i in range(ctx.grad_accum_steps)) if c]
     # [distributed] every process runs as many micro-batches as the busiest (each pass is a collective)
     chunks += [[] for _ in range(int(reduce_max(len(chunks), world, ctx.device)) - len(chunks))]
-    weight = loss_weight(world, total)
+    # the step's loss: the mean over its samples, or over its loss tokens (trainer.loss_aggregation=token)
+    denominator = total_tokens if ctx.loss_config.aggregation == "token" and ctx.loss_config.loss_type == "grpo" else total
+    weight = loss_weight(world, max(denominator, 1))
     sums = [0.0] * 6  # loss, loss tokens, clipped tokens, ratio sum, kl sum, tokens through the model
     for chunk in chunks:
         out = _micro_batch_loss(ctx, chunk or [padding_sample(ctx.pad_token_id)])
         ctx.scaler.scale(out.per_sample_B.sum() * (weight if chunk else 0.0)).backward()
         if chunk:
-            parts = (float(out.per_sample_B.detach().sum()) / total, out.tokens, out.clipped_tokens,
+            parts = (float(out.per_sample_B.detach().sum()) / max(denominator, 1), out.tokens, out.clipped_tokens,
                      out.ratio_sum, out.kl_sum, sum(len(s.token_ids) for s in chunk))
             sums = [a + b for a, b in zip(sums, parts, strict=True)]
     ctx.master.grads_to_master()  # what autograd's hooks did not already move (fp32 sums, see precision.py)
@@ -363,7 +366,8 @@ def build_step_context(config: TrainConfig, where: Placement, world: World) -> t
         optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps > 0 else 1.0
     )
     loss_config = LossConfig(loss_type=advantage_method(t.loss), epsilon=t.epsilon, epsilon_high=t.epsilon_high,
-                             ratio_cap=t.ratio_cap, beta=t.beta, max_completion_length=t.max_completion_length)
+                             ratio_cap=t.ratio_cap, beta=t.beta, max_completion_length=t.max_completion_length,
+                             aggregation=t.loss_aggregation)
     ctx = StepContext(
         policy=policy,
         reference=load_policy(config, where)[0].eval().requires_grad_(False) if t.beta != 0.0 else None,

@@ -18,6 +18,7 @@ from bridges.runs.config import option
 
 LOSS_TYPES = ("grpo", "dr_grpo")
 STRATEGIES = ("ddp", "fsdp")
+AGGREGATIONS = ("sample", "token")
 TINY_LR, FULL_LR, LORA_LR = 1.5e-3, 1e-6, 1e-5  # learning-rate defaults (see TrainerConfig.learning_rate)
 ENGINES = ("auto", "hf", "paged", "vllm")  # auto, or a name in bridges.runs.engines.ENGINES
 
@@ -78,6 +79,11 @@ class TrainerConfig:
         "grpo",
         choices=LOSS_TYPES,
         help="grpo: (r - mean) / std; dr_grpo: r - mean, constant-length normaliser",
+    )
+    loss_aggregation: str = option(
+        "sample", choices=AGGREGATIONS, help="how a step's loss averages its tokens, on every backend: sample (each "
+        "sample's token mean, then the mean over samples) or token (one mean over every loss token of the step: "
+        "longer episodes weigh more); trainer.loss=dr_grpo has its own (token sums over a constant length)",
     )
     epsilon: float = option(0.2, gt=0.0, help="PPO clip range (low side)")
     epsilon_high: float | None = option(None, gt=0.0, help="PPO clip range (high side); None: epsilon")
@@ -156,6 +162,13 @@ class TrainerConfig:
         from bridges.models.recompute import describe, recompute_stride
 
         self.gradient_checkpointing = describe(recompute_stride(self.gradient_checkpointing))
+        if self.loss == "dr_grpo" and self.loss_aggregation != "sample":
+            from bridges.runtime.errors import ConfigError
+
+            raise ConfigError(
+                f"trainer.loss_aggregation={self.loss_aggregation} has no place with trainer.loss=dr_grpo, which "
+                "sums each sample's tokens over a constant length; pass one of them."
+            )
 
 
 def learning_rate(t: TrainerConfig, model: str, *, lora: bool) -> float:

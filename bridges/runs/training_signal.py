@@ -28,14 +28,15 @@ ASPECTS: dict[str, dict[str, str]] = {
         "verl": "a fully masked placeholder sample, out of its group's baseline",
         "tinker": SAME_AS_GRPO,
     },
-    "loss over a step": {
-        "grpo": "each sample's token mean, averaged over the samples that contribute (`dr_grpo`: token sum / "
-                "a constant length)",
-        "trl": "each sample's token mean, averaged over every sequence of the step (zero-variance groups too)",
-        "verl": "the token mean over every response token of the mini-batch (`dr_grpo`: "
-                "seq-mean-token-sum-norm): longer episodes weigh more",
-        "tinker": "the service's sum over every token of the batch, then the gradient clipped at "
-                  "`trainer.max_grad_norm`",
+    "loss over a step (`trainer.loss_aggregation`)": {
+        "grpo": "`sample`: each sample's token mean, averaged over the samples with signal; `token`: one mean over "
+                "their loss tokens; `dr_grpo`: token sums over `max_completion_length`",
+        "trl": "loss_type `grpo` / `dapo` / `dr_grpo`: the same, over every sequence of the step (groups "
+               "without signal too): equal up to one factor a step",
+        "verl": "`seq-mean-token-mean` / `token-mean` / `seq-mean-token-sum-norm` (`loss_scale_factor` = "
+                "`max_completion_length`): as TRL",
+        "tinker": "as grpo: each datum's advantages carry the step's normaliser, so the service's token sum is "
+                  "the same mean",
     },
     "`sampling.max_tokens`": {
         "grpo": "tokens per model turn",

@@ -26,8 +26,10 @@ def _batch(
     return prompt_ids, completion_ids, completion_mask, advantages
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
-def test_policy_loss_matches_trl_compute_loss(tiny_path, loss_type, tmp_path):
+@pytest.mark.parametrize(("loss_type", "aggregation"), [("grpo", "sample"), ("dr_grpo", "sample"), ("dapo", "token")])
+def test_policy_loss_matches_trl_compute_loss(tiny_path, loss_type, aggregation, tmp_path):
+    """TRL's loss types are trainer.loss / trainer.loss_aggregation on TRL: grpo is each sample's token mean
+    averaged over samples, dapo the token mean over the step (what the bundled trainer divides by)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -97,10 +99,13 @@ def test_policy_loss_matches_trl_compute_loss(tiny_path, loss_type, tmp_path):
     assert torch.allclose(logps[:, prompt_ids.size(1) - 1 :], policy_logps)
     ours = policy_loss(
         logps, batch.sampler_logps_B_T, batch.advantages_B, batch.loss_mask_B_T,
-        LossConfig(loss_type=loss_type, epsilon=0.2, max_completion_length=5),
+        LossConfig(loss_type="dr_grpo" if loss_type == "dr_grpo" else "grpo", epsilon=0.2, max_completion_length=5,
+                   aggregation=aggregation),
     )
+    # train_step divides the step's summed per-sample losses by its samples, or (token) by its loss tokens
+    value = ours.per_sample_B.sum() / (ours.tokens if aggregation == "token" else len(samples))
     assert abs(float(trl_loss)) > 1e-3
-    assert float(ours.loss) == pytest.approx(float(trl_loss), abs=1e-5)
+    assert float(value) == pytest.approx(float(trl_loss), abs=1e-5)
 
 
 def test_importance_weighted_loss_equals_hand_computation():

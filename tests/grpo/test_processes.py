@@ -37,12 +37,17 @@ def one_step(out: Path, processes: int, *args: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("strategy", "lora"), [("ddp", False), ("fsdp", False), ("ddp", True), ("fsdp", True)],
-    ids=["ddp", "fsdp", "ddp-lora", "fsdp-lora"],
+    ("strategy", "lora", "aggregation"),
+    [("ddp", False, "sample"), ("fsdp", False, "sample"), ("ddp", True, "sample"), ("fsdp", True, "sample"),
+     ("fsdp", False, "token")],
+    ids=["ddp", "fsdp", "ddp-lora", "fsdp-lora", "fsdp-token"],
 )
-def test_two_processes_take_the_step_one_process_takes(tmp_path: Path, strategy: str, lora: bool, monkeypatch):
+def test_two_processes_take_the_step_one_process_takes(tmp_path: Path, strategy: str, lora: bool, aggregation: str,
+                                                       monkeypatch):
+    """token: the step's mean over its loss tokens, counted over both processes (completions of 2 to 9 ids)."""
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    extra = [f"trainer.strategy={strategy}", *(["trainer.lora_rank=4"] if lora else []), "trainer.grad_accum_steps=2"]
+    extra = [f"trainer.strategy={strategy}", *(["trainer.lora_rank=4"] if lora else []), "trainer.grad_accum_steps=2",
+             f"trainer.loss_aggregation={aggregation}"]
     single = one_step(tmp_path / "one.safetensors", 1, *extra)
     double = one_step(tmp_path / "two.safetensors", 2, *extra)
     assert set(single) == set(double) and len(single) > 1
