@@ -101,7 +101,8 @@ def validate(config: TrainConfig, options: TinkerOptions) -> None:
             "or leave trainer.ratio_cap at its default."
         )
     defaults, t = type(config.trainer)(), config.trainer
-    clip = next((f"trainer.{k}={getattr(t, k)}" for k in ("epsilon", "epsilon_high") if getattr(t, k) != getattr(defaults, k)), None)
+    clip = next((f"trainer.{k}={getattr(t, k)}" for k in ("epsilon", "epsilon_high")
+                 if getattr(t, k) != getattr(defaults, k)), None)
     if clip is not None and options.loss_fn != "ppo":
         raise ConfigError(
             f"{clip} has no place in Tinker's {options.loss_fn} loss, which does not clip the ratio; use "

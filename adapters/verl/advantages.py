@@ -6,8 +6,8 @@ prompt) into a fully masked sample with reward 0 (``agent_loop.py``), because ve
 place. verl's ``compute_grpo_outcome_advantage`` would count that 0 in the group's mean and std: on a group
 [1, 0, 0, failed] the success got +1.500 and the failures -0.500 on verl against +1.155 / -0.577 on the
 others. Here the same function runs on the valid rows only (its constants — the sample std, eps 1e-6 — and
-``norm_adv_by_std_in_grpo``), a group with fewer than two valid members gets 0 (verl's function, given one member, returns its raw
-reward), and masked rows get 0.
+``norm_adv_by_std_in_grpo``), a group with fewer than two valid members gets 0 (verl's function, given one
+member, returns its raw reward), and masked rows get 0.
 """
 
 from __future__ import annotations

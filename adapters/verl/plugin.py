@@ -1,6 +1,6 @@
 """Imported by verl itself in every one of its processes (``VERL_USE_EXTERNAL_MODULES``, set by the
-launcher): registers the ``hf`` rollout and the ``bridges_grpo`` advantages, works around verl 0.9.1's trl import, and on a CPU
-(``BRIDGES_VERL_CPU=1``) selects the CPU platform. verl's installed files are never touched.
+launcher): registers the ``hf`` rollout and the ``bridges_grpo`` advantages, works around verl 0.9.1's trl
+import, and on a CPU (``BRIDGES_VERL_CPU=1``) selects the CPU platform. verl's installed files are never touched.
 
 The trl workaround: verl's model patching imports ``AutoModelForCausalLMWithValueHead`` whenever
 ``is_trl_available()``, and trl 1.x no longer has that class, so any process with both installed

@@ -31,6 +31,12 @@ class LossConfig:
     max_completion_length: int = 256  # dr_grpo's constant normaliser
     aggregation: str = "sample"  # grpo: "sample" (each sequence's token mean) or "token" (its token sum)
 
+    @property
+    def token_mean(self) -> bool:
+        """The step's loss is one mean over its loss tokens: each sequence gives its token sum, and the trainer
+        divides the step's sum by the step's loss tokens (otherwise by its samples)."""
+        return self.loss_type == "grpo" and self.aggregation == "token"
+
 
 @dataclass
 class LossOutput:
@@ -72,8 +78,8 @@ def policy_loss(
         per_token_B_T = per_token_B_T + config.beta * kl_B_T
         kl_sum = float((kl_B_T * mask_B_T).sum())
 
-    if config.loss_type == "grpo" and config.aggregation == "token":  # each sequence's sum: the trainer
-        per_sample_B = (per_token_B_T * mask_B_T).sum(-1)  # divides the step's sum by its loss tokens
+    if config.token_mean:  # each sequence's sum: the trainer divides the step's sum by its loss tokens
+        per_sample_B = (per_token_B_T * mask_B_T).sum(-1)
     elif config.loss_type == "grpo":  # each sequence's mean over its loss tokens
         per_sample_B = (per_token_B_T * mask_B_T).sum(-1) / mask_B_T.sum(-1).clamp(min=1.0)
     elif config.loss_type == "dr_grpo":  # each sequence's sum over a constant length

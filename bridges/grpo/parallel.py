@@ -90,8 +90,15 @@ def restarted_group_store(timeout: datetime.timedelta) -> Any:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if not restart or os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return None
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"bridges-attempt-{restart}", client)
+    return launcher_store(timeout, f"bridges-attempt-{restart}")[0]
+
+
+def launcher_store(timeout: datetime.timedelta, prefix: str) -> tuple[Any, str]:
+    """One more client of the store every launcher starts at ``MASTER_ADDR:MASTER_PORT`` (its own connection),
+    its keys under ``prefix``; and the address, for sentences about it."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timeout)
+    return dist.PrefixStore(prefix, client), f"{host}:{port}"
 
 
 def stop(finished: bool = False) -> None:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bridges.grpo.parallel import World
+from bridges.grpo.parallel import World, launcher_store
 from bridges.runtime.errors import BridgesError
 from bridges.runtime.launch import record_for_launcher
 
@@ -84,13 +84,10 @@ class PeerWatch:
         not shared across threads) and start beating; None for one process."""
         if not world.distributed:
             return None
-        import torch.distributed as dist
-
-        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        client = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                               timeout=datetime.timedelta(seconds=max(1.0, min(timeout_s, 10.0))))
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return cls(world, timeout_s, dist.PrefixStore(f"bridges-peers/{restart}", client), f"{host}:{port}")
+        timeout = datetime.timedelta(seconds=max(1.0, min(timeout_s, 10.0)))
+        store, where = launcher_store(timeout, f"bridges-peers/{restart}")
+        return cls(world, timeout_s, store, where)
 
     def report(self, doing: str) -> None:
         """What this process is doing now, for the sentence another one prints if this one stops (sent at
@@ -206,7 +203,6 @@ class PeerWatch:
         return all(self.world.rank < r for r in live_here)
 
 
-
 def end_process(watch: PeerWatch, sentence: str) -> None:
     """What the watcher does with its verdict: the main thread may be inside a collective that never returns,
     so this process ends here, with the sentence (once per machine) and exit code 2."""
@@ -237,9 +233,9 @@ def watched(watch: PeerWatch | None) -> Iterator[None]:
         if verdict is None:
             watch.fail(f"{type(exc).__name__}: {exc}")
             raise
-        record_for_launcher(verdict)
         if watch.speaks():
-            raise PeerFailedError(verdict) from None
+            raise PeerFailedError(verdict) from None  # run_cli prints it and records it for the launcher
+        record_for_launcher(verdict)
         raise SystemExit(2) from None
     finally:
         watch.close(finished)

@@ -223,7 +223,7 @@ def train_step(ctx: StepContext, samples: list[TrainingSample]) -> dict[str, flo
     # [distributed] every process runs as many micro-batches as the busiest (each pass is a collective)
     chunks += [[] for _ in range(int(reduce_max(len(chunks), world, ctx.device)) - len(chunks))]
     # the step's loss: the mean over its samples, or over its loss tokens (trainer.loss_aggregation=token)
-    denominator = total_tokens if ctx.loss_config.aggregation == "token" and ctx.loss_config.loss_type == "grpo" else total
+    denominator = total_tokens if ctx.loss_config.token_mean else total
     weight = loss_weight(world, max(denominator, 1))
     sums = [0.0] * 6  # loss, loss tokens, clipped tokens, ratio sum, kl sum, tokens through the model
     for chunk in chunks:
@@ -434,6 +434,10 @@ class _Learner:
     started: list[asyncio.Future[list[Group]]] = dataclasses.field(default_factory=list)
     steps: int = 0  # train() calls in this process: the step is run.start.step + steps
 
+    @property
+    def step(self) -> int:
+        return self.run.start.step + self.steps
+
     def report(self, doing: str) -> None:
         if self.run.watch is not None:  # [distributed] what the other processes quote if this one stops
             self.run.watch.report(doing)
@@ -460,7 +464,7 @@ class _Learner:
 
     async def train(self, samples: list[TrainingSample]) -> dict[str, Any]:
         self.steps += 1
-        self.report(f"training step {self.run.start.step + self.steps}")
+        self.report(f"training step {self.step}")
         # vllm.enable_sleep_mode: the engine's memory is the step's (its weights discarded: pushed back below)
         offloaded = await self.rollouts.offload()
         result: dict[str, Any] = await asyncio.to_thread(
@@ -471,9 +475,9 @@ class _Learner:
             # which batch is fixed by the step, never by how fast a thread ran (the same seed, the same run)
             if in_flight := [f for f in self.started if not f.done()]:
                 await asyncio.wait(in_flight)
-            self.report(f"sending the weights of step {self.run.start.step + self.steps} to the engine")
+            self.report(f"sending the weights of step {self.step} to the engine")
             await self.push_weights()
-        self.report(f"generating the rollouts of step {self.run.start.step + self.steps + 1}")
+        self.report(f"generating the rollouts of step {self.step + 1}")
         return {
             **result,
             "lr": self.run.ctx.scheduler.get_last_lr()[0],

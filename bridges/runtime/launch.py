@@ -115,9 +115,10 @@ def launch(module: str, argv: Sequence[str], size: int, run_dir: Path) -> int:
     if failed is None:
         return 0
     rank, code = failed
-    how = {True: f"was killed by signal {-code}", False: f"exited with code {code}"}[code < 0]
     if code == 2:  # a BridgesError: its sentence is printed above
         how = "ended with the error above"
+    else:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     raise ProcessFailedError(
         f"training process {rank} of {size} {how}, so the other processes were stopped; the steps finished "
         f"before it are in {run_dir}, and resume=true continues from its last checkpoint."
