@@ -25,9 +25,11 @@ def needs_rollout_func(env: Environment) -> bool:
     return not isinstance(env, SingleTurnEnv)
 
 
-def trl_trainer_kwargs(env: Environment | str, num_generations: int | None = None) -> dict[str, Any]:
+def trl_trainer_kwargs(
+    env: Environment | str, num_generations: int | None = None, sampling_args: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``train_dataset``, ``eval_dataset``, ``reward_funcs`` and, when needed, ``rollout_func`` for ``env``
-    (an environment, or an id for ``bridges.load_environment``)."""
+    (an environment, or an id for ``bridges.load_environment``); ``sampling_args`` as ``trl_rollout_func``'s."""
     if isinstance(env, str):
         from bridges.envs.registry import load_environment
 
@@ -39,7 +41,7 @@ def trl_trainer_kwargs(env: Environment | str, num_generations: int | None = Non
     if env.eval_dataset is not None:
         kwargs["eval_dataset"] = trl_dataset(env, "eval")
     if needs_rollout_func(env):
-        kwargs["rollout_func"] = trl_rollout_func(env)
+        kwargs["rollout_func"] = trl_rollout_func(env, sampling_args=sampling_args)
     return kwargs
 
 

@@ -21,7 +21,13 @@ from bridges.adapters.trl.metrics_file import RowOf, metrics_callback
 from bridges.runs.backends import Backend
 from bridges.runs.config import check_passthrough
 from bridges.runs.metrics import renamed
-from bridges.runs.train_config import TrainConfig, completion_budget, lora_config, shared_keys
+from bridges.runs.train_config import (
+    TrainConfig,
+    completion_budget,
+    lora_config,
+    shared_keys,
+    turn_max_tokens,
+)
 from bridges.runtime.errors import ConfigError, require_extra
 from bridges.runtime.launch import launched_size
 from bridges.workflows.run_loop import eval_due, held_out_rows
@@ -317,7 +323,8 @@ def run(config: TrainConfig, options: dict[str, Any]) -> int:
         peft_config=lora_config(t),
         callbacks=[metrics_callback(grpo_metric_row(t.batch_size * t.group_size, config.eval_every, t.max_steps,
                                                     rubric_weights(env)), logger, progress)],
-        **eval_examples(trl_trainer_kwargs(env, num_generations=t.group_size), config),
+        # sampling.max_tokens caps each model turn, as on every backend; max_completion_length the episode
+        **eval_examples(trl_trainer_kwargs(env, t.group_size, turn_max_tokens(config)), config),
     )
     quiet_console(trainer)
     try:

@@ -147,8 +147,9 @@ def trl_rollout_func(
         group_rows = [rows.row_for(prompts[i], split) for i in range(0, len(prompts), n)]
         max_len = int(trainer.args.max_completion_length)
         args = {**env.sampling_args, **trainer_sampling_args(trainer), **(sampling_args or {})}
-        if "max_tokens" in env.sampling_args and not (sampling_args and "max_tokens" in sampling_args):
-            args["max_tokens"] = min(int(env.sampling_args["max_tokens"]), max_len)  # the env's per-turn cap
+        # a model turn's cap: the caller's, else the environment's, else the episode's; never above the episode's
+        turn_cap = (sampling_args or {}).get("max_tokens", env.sampling_args.get("max_tokens", max_len))
+        args["max_tokens"] = min(int(turn_cap), max_len)
 
         with trainer_engine(trainer) as engine:
             client = EngineClient(engine, model_name=model_name)

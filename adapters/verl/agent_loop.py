@@ -5,7 +5,8 @@ verl creates one loop instance per trajectory inside its ``AgentLoopWorker`` and
 over verl's server client (``VerlServerEngine``), so the environment talks to an ordinary
 ``AsyncOpenAI`` while every id verl trains on is exactly what its server sampled, and score it with
 the environment's rubric. Registered through the YAML file ``adapters.verl.launch`` writes
-(``agent_loop_config_path``), which carries ``env_id``/``env_args`` as constructor arguments.
+(``agent_loop_config_path``), which carries ``env_id``/``env_args``/``sampling_args`` as constructor
+arguments.
 
 What comes back (``AgentLoopOutput``):
 - ``prompt_ids``: the first turn's prompt; ``response_ids``: the rest of the ledger (sampled ids,
@@ -18,8 +19,9 @@ hit the limit is kept (closed, never spliced onto) and the rollout is scored. A 
 its reason in ``extra_fields``; nothing it raises reaches the worker. The 0 never enters its group's
 baseline: ``advantages.py`` computes verl's GRPO advantages over the valid members only.
 
-One difference from ``bridges.grpo`` and TRL: verl runs each trajectory in its own loop, so a group
-reward function sees a group of one here.
+verl runs each trajectory in its own loop; the loops of one prompt meet in their worker to be scored
+as a group (``group_scoring.py``). ``sampling.max_tokens`` arrives as ``sampling_args`` and caps each
+model turn, as on every backend; ``rollout.response_length`` is the whole trajectory's budget.
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ class BridgesAgentLoop(AgentLoopBase):
         model_name: str = "policy",
         run_dir: str | None = None,
         provenance: dict[str, Any] | None = None,
+        sampling_args: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # verl also passes tools=..., which the base class accepts
         self.env = cached_environment(env_id, _plain(env_args))
+        self.sampling_args = _plain(sampling_args) or None  # sampling.max_tokens: a cap on each model turn
         self.model_name = model_name
         self.traces = None
         if run_dir is not None:  # the launcher's runs: every rollout's trace in the run folder
@@ -107,7 +111,7 @@ class BridgesAgentLoop(AgentLoopBase):
         split = (kwargs.get("extra_info") or {}).get("split")  # verl's validation runs us too
         failure = None
         try:
-            state = await self.env.rollout(row_from_kwargs(kwargs), client, self.model_name)
+            state = await self.env.rollout(row_from_kwargs(kwargs), client, self.model_name, self.sampling_args)
             if state.stop_reason == StopReason.PROMPT_TOO_LONG.value and state.turns:
                 # the client refused the next turn because the response budget is spent: a truncated
                 # trajectory, trained on like any other (the prompt itself fit, or there would be no turn)

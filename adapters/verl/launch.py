@@ -40,7 +40,7 @@ from bridges.adapters.verl.placement import (
 )
 from bridges.runs.backends import Backend
 from bridges.runs.config import check_passthrough
-from bridges.runs.train_config import TrainConfig, completion_budget, shared_keys
+from bridges.runs.train_config import TrainConfig, completion_budget, shared_keys, turn_max_tokens
 from bridges.runtime.errors import ConfigError, require_extra
 
 AGENT_LOOP_TARGET = "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
@@ -267,7 +267,8 @@ def prepare(
     provenance = {"backend": "verl", "engine": rollout_name(config, gpus), "model": config.model,
                   "env_id": config.env, "env_args": config.env_args, "seed": config.seed}
     registration = [{"name": name, "_target_": AGENT_LOOP_TARGET, "env_id": config.env, "env_args": config.env_args,
-                     "run_dir": str(run_dir), "provenance": provenance}]
+                     "run_dir": str(run_dir), "provenance": provenance,
+                     "sampling_args": turn_max_tokens(config)}]  # per model turn, as on every backend
     files["agent_loops"].write_text(json.dumps(registration, indent=2) + "\n")  # JSON is valid YAML
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = prompt_budget(env, tokenizer), completion_budget(config, env)

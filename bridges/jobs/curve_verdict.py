@@ -30,6 +30,8 @@ class Difference:
         return above if self.lo > 0 else below if self.hi < 0 else neither
 
     def __str__(self) -> str:
+        if math.isnan(self.lo):
+            return f"{self.value:+.4f} [no interval]"
         return f"{self.value:+.4f} [{self.lo:+.4f}, {self.hi:+.4f}]"
 
 
@@ -39,9 +41,12 @@ def window(rewards: list[float], k: int) -> int:
 
 
 def bootstrap_difference(a: list[float], b: list[float], iterations: int, seed: int) -> Difference:
-    """mean(a) - mean(b), with a and b resampled independently."""
+    """mean(a) - mean(b), with a and b resampled independently. One value on a side has no spread to
+    resample: its interval would be a point, and any change would read as a verdict, so there is none."""
     if not a or not b:
         return Difference(math.nan, math.nan, math.nan)
+    if min(len(a), len(b)) < 2:
+        return Difference(sum(a) / len(a) - sum(b) / len(b), math.nan, math.nan)
     rng = random.Random(seed)
     draws = sorted(
         sum(rng.choice(a) for _ in a) / len(a) - sum(rng.choice(b) for _ in b) / len(b) for _ in range(iterations)

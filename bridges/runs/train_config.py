@@ -26,7 +26,8 @@ ENGINES = ("auto", "hf", "paged", "vllm")  # auto, or a name in bridges.runs.eng
 @dataclass
 class SamplingConfig:
     max_tokens: int | None = option(
-        None, ge=1, help="tokens per model turn; None: the environment's own sampling_args"
+        None, ge=1, help="tokens per model turn, on every backend; None: the environment's own sampling_args "
+        "(a whole episode's budget is trainer.max_completion_length)"
     )
     temperature: float = option(
         1.0, gt=0.0, help="sampling temperature (> 0: training needs the sampler's logprobs)"
@@ -184,17 +185,25 @@ def learning_rate(t: TrainerConfig, model: str, *, lora: bool) -> float:
 
 
 def completion_budget(config: TrainConfig, env: Any) -> int:
-    """Tokens a rollout may sample in all, for trainers that size their buffers by it (TRL's
-    ``max_completion_length``, verl's ``max_response_length``): the sampling cap, else a single-turn
-    environment's own cap, else ``trainer.max_completion_length``."""
+    """Tokens a whole episode may sample, for trainers that size their buffers by it (TRL's
+    ``max_completion_length``, verl's ``max_response_length``). A single-turn episode is one turn, so its
+    cap is the turn's (``sampling.max_tokens``, else the environment's); any other episode's is
+    ``trainer.max_completion_length``, never ``sampling.max_tokens``, which caps each model turn on every
+    backend (``turn_max_tokens``)."""
     from bridges.envs.singleturn import SingleTurnEnv
 
-    if config.sampling.max_tokens is not None:
-        return int(config.sampling.max_tokens)
-    env_cap = (env.sampling_args or {}).get("max_tokens")
-    if env_cap is not None and isinstance(env, SingleTurnEnv):
-        return int(env_cap)
-    return int(config.trainer.max_completion_length)
+    if not isinstance(env, SingleTurnEnv):
+        return int(config.trainer.max_completion_length)
+    turn_cap = config.sampling.max_tokens
+    if turn_cap is None:
+        turn_cap = (env.sampling_args or {}).get("max_tokens")
+    return int(turn_cap if turn_cap is not None else config.trainer.max_completion_length)
+
+
+def turn_max_tokens(config: TrainConfig) -> dict[str, int]:
+    """The per-turn cap a backend that runs the environment's turns itself must pass on (TRL's
+    ``rollout_func``, verl's agent loop): ``{"max_tokens": n}``, or nothing to keep the environment's."""
+    return {} if config.sampling.max_tokens is None else {"max_tokens": int(config.sampling.max_tokens)}
 
 
 def rollout_sampling_args(config: TrainConfig, env_defaults: dict[str, Any] | None) -> dict[str, Any]:

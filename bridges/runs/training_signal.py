@@ -39,9 +39,17 @@ ASPECTS: dict[str, dict[str, str]] = {
                   "the same mean",
     },
     "`sampling.max_tokens`": {
-        "grpo": "tokens per model turn",
-        "trl": "the whole episode's completion budget (`max_completion_length`)",
-        "verl": "the whole episode's response budget (`data.max_response_length`)",
+        "grpo": "tokens per model turn (None: the environment's own cap)",
+        "trl": "as grpo, through the `rollout_func`; a single-turn environment's `max_completion_length`",
+        "verl": "as grpo, through the agent loop; a single-turn environment's `max_response_length`",
+        "tinker": SAME_AS_GRPO,
+    },
+    "an episode over its budget (`trainer.max_completion_length`)": {
+        "grpo": "no episode budget: turns end at their own cap, episodes at the environment's stops; "
+                "`max_completion_length` sizes the engine and `dr_grpo`'s constant",
+        "trl": "cut after sampling at `max_completion_length`, the whole episode's reward kept",
+        "verl": "each turn capped by what is left of `max_response_length`; the episode ends `response_length` "
+                "and is trained",
         "tinker": SAME_AS_GRPO,
     },
     "off-policy samples": {

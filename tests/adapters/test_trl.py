@@ -157,6 +157,25 @@ def test_rollouts_are_cut_to_max_completion_length(tiny_path: Path, tmp_path: Pa
     assert all(not s["errored"] for s in out[SCORES_KEY])
 
 
+def test_sampling_max_tokens_caps_each_turn_inside_the_episode_budget(tiny_path: Path, tmp_path: Path):
+    """``backend=trl`` passes ``sampling.max_tokens`` as the rollout's per-turn cap (the environment's own is 8):
+    each sampled turn is at most 3 ids, and both turns run inside ``max_completion_length``."""
+    import bridges_test_trl_envs as envs
+
+    env = envs.two_turns()
+    trainer = make_trainer(tiny_path, env, tmp_path, max_completion_length=200)
+    rows = trl_dataset(env)
+    func = trl_trainer_kwargs(env, GENERATIONS, {"max_tokens": 3})["rollout_func"]
+    out = func([rows[0]["prompt"]] * GENERATIONS, trainer)
+    for mask in out["env_mask"]:
+        runs = [r for r in "".join(map(str, mask)).split("0") if r]
+        assert len(runs) == 2 and all(1 <= len(r) <= 3 for r in runs)
+    capped = trl_rollout_func(env, sampling_args={"max_tokens": 500})([rows[0]["prompt"]] * GENERATIONS,
+                                                                       make_trainer(tiny_path, env, tmp_path,
+                                                                                    max_completion_length=5))
+    assert all(len(ids) <= 5 for ids in capped["completion_ids"])  # a turn never exceeds the episode's budget
+
+
 def test_tools_given_to_trl_as_well_are_refused(tiny_path: Path, tmp_path: Path):
     import bridges_test_trl_envs as envs
 

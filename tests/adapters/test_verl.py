@@ -106,7 +106,8 @@ def test_tool_env_masks_the_tool_result_and_matches_the_ledger(
 
 
 def test_response_length_bounds_the_whole_trajectory(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any):
-    cfg, files = compose(tmp_path, tiny_path, "two_turns", "sampling.max_tokens=12")
+    cfg, files = compose(tmp_path, tiny_path, "two_turns", "trainer.max_completion_length=12")
+    assert cfg.actor_rollout_ref.rollout.response_length == 12
     client = HFServerClient(str(tiny_path))
     rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
     assert max(client.max_tokens) <= 8 and all(len(row["response"]) <= 12 for row in rows)
@@ -117,6 +118,21 @@ def test_response_length_bounds_the_whole_trajectory(tmp_path: Path, tiny_path: 
         assert row["reward"] == pytest.approx(
             row["metrics"]["lowercase_share"] + 0.5 * row["metrics"]["group_rank"]
         )
+
+
+def test_sampling_max_tokens_caps_each_turn_not_the_trajectory(tmp_path: Path, tiny_path: Path, tiny_tokenizer: Any):
+    """As on grpo and Tinker: ``sampling.max_tokens`` reaches every model turn (the environment's own cap is
+    8), and the trajectory's budget stays ``trainer.max_completion_length``."""
+    cfg, files = compose(tmp_path, tiny_path, "two_turns", "sampling.max_tokens=3", "trainer.max_completion_length=200")
+    assert cfg.actor_rollout_ref.rollout.response_length == 200
+    client = HFServerClient(str(tiny_path))
+    rows = rows_of(run_worker(cfg, batch_of(cfg, files, tiny_tokenizer), client), cfg)
+    assert client.max_tokens and max(client.max_tokens) == 3
+    for row in rows:
+        assert row["valid"] and row["stop"] == "max_turns"
+        runs = "".join(map(str, row["mask"])).split("0")
+        assert [len(r) for r in runs if r] and all(len(r) <= 3 for r in runs if r)
+        assert sum(1 for r in runs if r) == 2  # both turns sampled, neither cut by the trajectory's budget
 
 
 def test_a_raising_environment_is_a_masked_sample_not_a_crash(

@@ -159,6 +159,8 @@ def test_curves_get_a_verdict_each_and_per_pair(tmp_path: Path, capsys: pytest.C
     twin = [r + draw.uniform(-0.02, 0.02) for r in rising]
     assert learned(rising, 10).verdict("learned", "got worse", "did not learn") == "learned"
     assert learned(flat, 10).verdict("learned", "got worse", "did not learn") == "did not learn"
+    two_steps = learned([0.0, 0.5], 10)  # one step at each end: no spread to judge by, so no verdict
+    assert two_steps.value == 0.5 and two_steps.verdict("learned", "got worse", "did not learn") == "n/a"
     verdicts = {(a, b): said for a, b, _, said in pair_rows({"rising": rising, "flat": flat, "twin": twin}, 10, 2000, 0)[1:]}
     assert verdicts == {("rising", "flat"): "rising better", ("rising", "twin"): "same", ("flat", "twin"): "flat worse"}
     for name, rewards in (("rising", rising), ("flat", flat)):

@@ -4,7 +4,8 @@ import pytest
 
 import bridges
 
-BUNDLED = ["alphabet_sort", "arithmetic", "guess_number", "repeat_letter", "repeat_letter_agent", "reverse_text"]
+BUNDLED = ["alphabet_sort", "arithmetic", "guess_number", "repeat_letter", "repeat_letter_agent", "repeat_letter_tool",
+           "repeat_letter_turns", "reverse_text"]
 V1_TASKSETS = ["repeat_letter_taskset"]  # verifiers v1 tasksets (tests/adapters/test_verifiers_v1.py)
 
 

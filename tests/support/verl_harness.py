@@ -33,7 +33,7 @@ def compose(tmp_path: Path, model: Path, kind: str, *extra: str, env: str = "bri
         [
             "backend=verl", f"env={env}", *([f"env_args.kind={kind}"] if kind else []), f"model={model}",
             f"output_dir={tmp_path}", "trainer.batch_size=2", f"trainer.group_size={N}",
-            "sampling.max_tokens=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
+            "trainer.max_completion_length=160", "verl.actor_rollout_ref.rollout.agent.num_workers=1", *extra,
         ],
     )
     command, files, _ = prepare(config)

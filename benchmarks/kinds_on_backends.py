@@ -1,0 +1,155 @@
+"""Every kind of environment trained on every backend by one command: one curve per cell, with a verdict.
+
+Kinds (all download-free, all the embedded default task's letters, so one tiny model learns each on a
+CPU): ``single`` (``repeat_letter``), ``turns`` (``repeat_letter_turns``: feedback between turns),
+``tool`` (``repeat_letter_tool``: a tool call needed for full reward), ``agent``
+(``repeat_letter_agent``: an OpenAI SDK program over a session) and ``v1`` (``repeat_letter_taskset``:
+a verifiers v1 taskset). Each cell is ``python -m bridges.train backend=<b> env=<env> seed=<s>`` with the
+same batch, group, sampling and steps everywhere (Tinker against its local server), timed end to end.
+
+Per cell it prints one ``key=value`` line; per kind, whether each backend learned (its last ``k`` steps
+against its first, bootstrap over steps and seeds) and how each backend's end compares with grpo's.
+``--figure`` draws one panel per kind. A cell a backend cannot run ends in the run's own sentence.
+
+    python benchmarks/kinds_on_backends.py --steps 250 --seeds 0 1 2 --figure docs/kinds_on_backends.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridges.jobs.curve_verdict import bootstrap_difference, window
+
+KINDS = {"single": "repeat_letter", "turns": "repeat_letter_turns", "tool": "repeat_letter_tool",
+         "agent": "repeat_letter_agent", "v1": "repeat_letter_taskset"}
+BACKENDS = ("grpo", "trl", "tinker", "verl")
+
+
+@dataclass
+class Cell:
+    """One kind on one backend: a reward curve per seed, the wall time of each run, or why none ran."""
+
+    kind: str
+    backend: str
+    curves: list[list[float]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    failure: str | None = None
+
+
+def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> None:
+    run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
+    command = [sys.executable, "-m", "bridges.train", f"backend={cell.backend}", f"env={KINDS[cell.kind]}",
+               f"seed={seed}", f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch_size}",
+               f"trainer.group_size={args.group_size}", f"output_dir={args.output_dir}", f"run_name={run_name}",
+               "overwrite=true", "progress=false", *extra]
+    if cell.backend == "tinker":
+        command.append("tinker.base_url=local")
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        cell.failure = said[-1] if said else f"bridges.train exited with {done.returncode}"
+        return
+    rows = [json.loads(x) for x in (Path(args.output_dir) / run_name / "metrics.jsonl").read_text().splitlines()
+            if x.strip()]
+    cell.curves.append([r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows])
+    cell.seconds.append(seconds)
+
+
+def ends(curves: list[list[float]], k: int, last: bool) -> list[float]:
+    """Every seed's first (or last) ``k`` step means, pooled: the bootstrap resamples steps of all seeds."""
+    return [r for c in curves for r in (c[-window(c, k):] if last else c[: window(c, k)])]
+
+
+def figure_line(cell: Cell, k: int) -> str:
+    if cell.failure is not None:
+        return f"kind={cell.kind} backend={cell.backend} ran=false reason={cell.failure!r}"
+    first, last = ends(cell.curves, k, False), ends(cell.curves, k, True)
+    moved = bootstrap_difference(last, first, 2000, 0)
+    seconds = sorted(cell.seconds)
+    return (f"kind={cell.kind} backend={cell.backend} seeds={len(cell.curves)} steps={len(cell.curves[0])} "
+            f"seconds_median={seconds[len(seconds) // 2]:.0f} seconds_min={seconds[0]:.0f} "
+            f"seconds_max={seconds[-1]:.0f} first={sum(first) / len(first):.3f} last={sum(last) / len(last):.3f} "
+            f"learned={moved.verdict('yes', 'worse', 'no')} moved={moved.value:+.3f}")
+
+
+def against(cell: Cell, base: Cell | None, k: int) -> str:
+    """The cell's last ``k`` steps less grpo's on the same kind, with the verdict on the difference."""
+    if base is None or base is cell:
+        return "-"
+    gap = bootstrap_difference(ends(cell.curves, k, True), ends(base.curves, k, True), 2000, 0)
+    return f"{gap} {gap.verdict('better', 'worse', 'same')}"
+
+
+def verdict_rows(cells: list[Cell], k: int) -> list[str]:
+    """Markdown rows: each cell's ends, whether it learned, and its end against grpo's on the same kind."""
+    rows = ["| kind | backend | seeds | minutes (median) | first k -> last k | learned? | last k vs grpo (95% CI) |",
+            "|---|---|---|---|---|---|---|"]
+    grpo = {c.kind: c for c in cells if c.backend == "grpo" and c.failure is None}
+    for cell in cells:
+        if cell.failure is not None:
+            rows.append(f"| {cell.kind} | {cell.backend} | - | - | - | not run: {cell.failure} | - |")
+            continue
+        first, last = ends(cell.curves, k, False), ends(cell.curves, k, True)
+        moved = bootstrap_difference(last, first, 2000, 0)
+        minutes = sorted(cell.seconds)[len(cell.seconds) // 2] / 60
+        rows.append(f"| {cell.kind} | {cell.backend} | {len(cell.curves)} | {minutes:.1f} | "
+                    f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} | "
+                    f"{moved.verdict('learned', 'got worse', 'did not learn')} | {against(cell, grpo.get(cell.kind), k)} |")
+    return rows
+
+
+def draw(cells: list[Cell], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(c.kind for c in cells))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds), 3.0), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        for cell in (c for c in cells if c.kind == kind and c.failure is None):
+            steps = min(len(c) for c in cell.curves)
+            mean = [sum(c[i] for c in cell.curves) / len(cell.curves) for i in range(steps)]
+            ax.plot(range(1, steps + 1), mean, label=cell.backend, linewidth=1.2)
+        ax.set_title(f"{kind} ({KINDS[kind]})", fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+    axes[0][0].set_ylabel("mean reward", fontsize=8)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--last-k", type=int, default=10, help="steps each end of a curve is judged on")
+    parser.add_argument("--output-dir", default="runs")
+    parser.add_argument("--figure", type=Path, default=None)
+    args, extra = parser.parse_known_args()
+    cells = [Cell(kind, backend) for kind in args.kinds for backend in args.backends]
+    for cell in cells:
+        for seed in args.seeds:
+            if cell.failure is None:
+                train(args, extra, cell, seed)
+        print(figure_line(cell, args.last_k), flush=True)
+    print("\n".join(verdict_rows(cells, args.last_k)))
+    if args.figure is not None:
+        draw(cells, args.figure)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
