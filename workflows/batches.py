@@ -37,9 +37,11 @@ def rows_at(dataset: Any, position: int, count: int, seed: int, together: int = 
 
 
 def groups_to_samples(
-    groups: list[Group], max_completion_length: int
+    groups: list[Group], max_completion_length: int, first_segment_only: bool = False
 ) -> tuple[list[TrainingSample], SampleStats]:
-    """Samples of the groups that carry signal; masked and no-signal members cost no compute."""
+    """Samples of the groups that carry signal; masked and no-signal members cost no compute.
+    ``first_segment_only`` (``trainer.ledger_breaks=first``): of an episode whose ledger broke, the first
+    sequence alone, as TRL and verl train it; the break is counted either way."""
     stats = SampleStats()
     samples: list[TrainingSample] = []
     for group in groups:
@@ -47,8 +49,11 @@ def groups_to_samples(
             continue
         for state, advantage in zip(group.states, group.advantages, strict=True):
             if state.trainable and advantage != 0.0:
-                for sample in state_to_samples(state, advantage, stats):
-                    samples.append(truncate_sample(sample, sample.prompt_length + max_completion_length))
+                found = state_to_samples(state, advantage, stats)
+                if first_segment_only and len(found) > 1:
+                    stats.samples -= len(found) - 1
+                    found = found[:1]
+                samples.extend(truncate_sample(s, s.prompt_length + max_completion_length) for s in found)
     return samples, stats
 
 

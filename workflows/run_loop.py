@@ -126,7 +126,7 @@ async def run_training(
             groups = await pending.popleft()
             waited = time.perf_counter() - waiting
             traces.write_groups(groups, step=position.step + 1, split="train")  # one compressed member a step
-            samples, stats = groups_to_samples(groups, t.max_completion_length)
+            samples, stats = groups_to_samples(groups, t.max_completion_length, t.ledger_breaks == "first")
             training = time.perf_counter()
             result = await learner.train(samples)
             streak = streak + 1 if result.get("skipped_nonfinite") else 0

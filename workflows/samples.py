@@ -8,6 +8,7 @@ counted, instead of training on ids the model never saw.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bridges.envs.types import State, Turn
@@ -28,6 +29,22 @@ def _check_turn(turn: Turn) -> None:
         )
 
 
+def extends(running: Sequence[int] | None, prompt_ids: Sequence[int]) -> bool:
+    """Whether a turn's prompt continues the running sequence (the last prompt + its sampled ids) token for
+    token: the one rule for where a sample ends, here and for a trace's ``count_breaks``."""
+    return running is not None and list(prompt_ids[: len(running)]) == list(running)
+
+
+def count_breaks(turns: Iterable[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The breaks of a rollout given as (prompt ids, sampled ids) per turn: what a trace line holds."""
+    breaks, running = 0, None
+    for prompt_ids, completion_ids in turns:
+        if running is not None and not extends(running, prompt_ids):
+            breaks += 1
+        running = [*prompt_ids, *completion_ids]
+    return breaks
+
+
 def turns_to_samples(
     turns: list[Turn],
     *,
@@ -43,7 +60,7 @@ def turns_to_samples(
     for step in turns:
         _check_turn(step)
         running = current.token_ids if current is not None else None
-        if running is not None and step.prompt_ids[: len(running)] == running:
+        if running is not None and extends(running, step.prompt_ids):
             new_prompt = step.prompt_ids[len(running) :]
         else:
             if current is not None and stats is not None:

@@ -23,6 +23,7 @@ from bridges.runs.config import check_passthrough
 from bridges.runs.metrics import renamed
 from bridges.runs.train_config import (
     TrainConfig,
+    check_one_sequence_a_rollout,
     completion_budget,
     lora_config,
     shared_keys,
@@ -234,6 +235,7 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     check_model(config.model)
     check_device(config.trainer.device, "trainer.device")
     check_recompute(config)
+    check_one_sequence_a_rollout(config)
     if config.trainer.device.startswith("cuda:") and config.trainer.device != "cuda:0":
         raise ConfigError(
             f"backend=trl lets accelerate place the model, so trainer.device={config.trainer.device} cannot "

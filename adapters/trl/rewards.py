@@ -115,6 +115,8 @@ class RubricScorer:
     def _log(scores: list[dict[str, Any]], log_metric: Callable[[str, float], None]) -> None:
         valid = [s for s in scores if not s["errored"]]
         log_metric("env/errored_fraction", 1.0 - len(valid) / max(1, len(scores)))
+        # a broken ledger's segments after the first, left out by TRL's one sequence a rollout (trl_rollout_func)
+        log_metric("samples/breaks", float(sum(s.get("breaks", 0) for s in scores)))
         names = sorted({name for s in valid for name in s["metrics"]})
         for name in names:
             values = [s["metrics"][name] for s in valid if name in s["metrics"]]

@@ -117,8 +117,7 @@ def to_trl_sample(state: Any, renderer: Any, max_completion_length: int) -> dict
         "completion_ids": split.completion_ids,
         "env_mask": split.mask,
         "logprobs": split.logprobs,
-        SCORES_KEY: state_scores(state),
-        "bridges_breaks": split.breaks,
+        SCORES_KEY: {**state_scores(state), "breaks": split.breaks},  # breaks: segments left out (samples/breaks)
     }
 
 

@@ -40,7 +40,13 @@ from bridges.adapters.verl.placement import (
 )
 from bridges.runs.backends import Backend
 from bridges.runs.config import check_passthrough
-from bridges.runs.train_config import TrainConfig, completion_budget, shared_keys, turn_max_tokens
+from bridges.runs.train_config import (
+    TrainConfig,
+    check_one_sequence_a_rollout,
+    completion_budget,
+    shared_keys,
+    turn_max_tokens,
+)
 from bridges.runtime.errors import ConfigError, require_extra
 
 AGENT_LOOP_TARGET = "bridges.adapters.verl.agent_loop.BridgesAgentLoop"
@@ -325,6 +331,7 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     from bridges.runs.preflight import check_model
 
     check_model(config.model)
+    check_one_sequence_a_rollout(config)
     layout = gpu_layout(config)  # this machine's view; a running cluster's is read when the run joins it
     gpus = layout.gpus_per_node
     workers_key = "actor_rollout_ref.rollout.agent.num_workers"

@@ -68,6 +68,13 @@ def _trainable(line: dict[str, Any]) -> bool:
     return is_trainable(line.get("error"), line.get("stop_reason"), line.get("reward"), tokens)
 
 
+def _breaks(line: dict[str, Any]) -> int:
+    from bridges.workflows.samples import count_breaks
+
+    turns = line.get("turns") or []
+    return count_breaks((t.get("prompt_ids") or [], t.get("completion_ids") or []) for t in turns)
+
+
 def _moments(values: list[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
@@ -95,6 +102,8 @@ def _reward_rows(run_dir: Path, reward_names: tuple[str, ...] = ()) -> dict[int,
         masked = len(lines) - len(valid)
         figures = {"reward/mean": mean, "reward/std": std, "episodes/total": len(lines),
                    "episodes/masked": masked, "episodes/masked_fraction": masked / len(lines)}
+        if not prefix:  # a broken ledger's segments after the first, which verl's one sequence a rollout left out
+            figures["samples/breaks"] = sum(_breaks(x) for x in lines)
         for name in reward_names:  # each function's own score, as every backend reports it
             scores = [float(x["metrics"][name]) for x in valid if isinstance((x.get("metrics") or {}).get(name), int | float)]
             figures[f"reward/{name}/mean"], figures[f"reward/{name}/std"] = _moments(scores)

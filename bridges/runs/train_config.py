@@ -19,6 +19,7 @@ from bridges.runs.config import option
 LOSS_TYPES = ("grpo", "dr_grpo")
 STRATEGIES = ("ddp", "fsdp")
 AGGREGATIONS = ("sample", "token")
+LEDGER_BREAKS = ("auto", "every", "first")
 TINY_LR, FULL_LR, LORA_LR = 1.5e-3, 1e-6, 1e-5  # learning-rate defaults (see TrainerConfig.learning_rate)
 ENGINES = ("auto", "hf", "paged", "vllm")  # auto, or a name in bridges.runs.engines.ENGINES
 
@@ -92,6 +93,12 @@ class TrainerConfig:
         4.0, gt=1.0, help="truncation of the importance ratio against the sampler"
     )
     beta: float = option(0.0, ge=0.0, help="KL to a frozen reference model; 0 = no reference model")
+    ledger_breaks: str = option(
+        "auto", choices=LEDGER_BREAKS, help="an episode whose turns do not extend one another (an agent rewrote its "
+        "history) is several token sequences: every (each a sample with the episode's advantage), first (the first "
+        "only), auto (every on grpo and tinker; first on trl and verl, which take one sequence a rollout and refuse "
+        "every); each counted in samples/breaks",
+    )
     max_completion_length: int = option(512, ge=1, help="per-sample token budget after the prompt")
     # asynchrony: generation of step k+1 overlaps training on step k
     num_batches_ahead: int = option(1, ge=0, help="batches generated ahead of the one being trained on")
@@ -198,6 +205,19 @@ def completion_budget(config: TrainConfig, env: Any) -> int:
     if turn_cap is None:
         turn_cap = (env.sampling_args or {}).get("max_tokens")
     return int(turn_cap if turn_cap is not None else config.trainer.max_completion_length)
+
+
+def check_one_sequence_a_rollout(config: TrainConfig) -> None:
+    """TRL's ``rollout_func`` and verl's agent loop return one sequence a rollout, so the segments after a
+    broken ledger's first cannot train there: ``trainer.ledger_breaks=every`` is refused, not ignored."""
+    from bridges.runtime.errors import ConfigError
+
+    if config.trainer.ledger_breaks == "every":
+        raise ConfigError(
+            f"backend={config.backend} trains one token sequence a rollout, so trainer.ledger_breaks=every (each "
+            "segment of a broken ledger a sample) cannot run there; use first (what auto does there), or "
+            "backend=grpo or tinker."
+        )
 
 
 def turn_max_tokens(config: TrainConfig) -> dict[str, int]:

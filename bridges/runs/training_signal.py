@@ -61,10 +61,12 @@ ASPECTS: dict[str, dict[str, str]] = {
         "tinker": "one step behind by default; `importance_sampling` has no clip (`epsilon` refused), `ppo` "
                   "clips at `epsilon`, `cispo` truncates at `ratio_cap`",
     },
-    "a broken ledger (an agent rewrites its history)": {
-        "grpo": "every segment trained, each one a sample",
-        "trl": "the first segment only",
-        "verl": "the first segment only",
+    "a broken ledger (`trainer.ledger_breaks`)": {
+        "grpo": "`auto`/`every`: each segment a sample with the episode's advantage; `first`: the first segment "
+                "only; the rest counted in `samples/breaks`",
+        "trl": "`auto`/`first`: the first segment only (its one sequence a rollout; `every` refused), the rest "
+               "counted in `samples/breaks`",
+        "verl": "as TRL",
         "tinker": SAME_AS_GRPO,
     },
     "KL (`trainer.beta` > 0)": {

@@ -107,6 +107,11 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=cispo", "trainer.epsilon_high=0.3"],
      "trainer.epsilon_high=0.3 has no place in Tinker's cispo loss"),
     (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
+    (["backend=verl", "dry_run=true", "trainer.ledger_breaks=every"],
+     "backend=verl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
+    (["backend=trl", "trainer.ledger_breaks=every"],
+     "backend=trl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
+    (["trainer.ledger_breaks=some"], "trainer.ledger_breaks must be one of"),
     (
         [
             "backend=verl",
