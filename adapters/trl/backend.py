@@ -228,6 +228,8 @@ def check_recompute(config: TrainConfig) -> None:
 def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     """backend=trl's checks before the model loads: trl installed, the model, the engine, and every
     ``trl.*`` field through ``GRPOConfig`` itself (the same object the run builds)."""
+    from bridges.adapters.trl import needs_rollout_func
+    from bridges.adapters.trl.rollout import unsampled_settings
     from bridges.envs.registry import load_environment
     from bridges.models.hardware import check_device
     from bridges.runs.preflight import check_lora_targets, check_model
@@ -246,7 +248,11 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     check_generation(config)
     env = load_environment(config.env, **config.env_args)
     check_fsdp_generation(config, env)
-    build_grpo_config(grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name))
+    args = build_grpo_config(grpo_config_kwargs(config, env, Path(config.output_dir) / config.resolved_run_name))
+    unsampled = unsampled_settings(args) if needs_rollout_func(env) else []
+    if unsampled:
+        raise ConfigError(f"backend=trl samples {config.env}'s turns through EngineClient, which has no "
+                          f"{', '.join(unsampled)}; remove them (trl.* sampling applies to single-turn environments).")
 
 
 def check_generation(config: TrainConfig) -> None:

@@ -40,6 +40,13 @@ from bridges.workflows.samples import PromptCompletion, prompt_completion
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
 
+def unsampled_settings(args: Any) -> list[str]:
+    """GRPOConfig's sampling settings set away from their defaults that a multi-turn rollout cannot honour."""
+    said = [f"repetition_penalty={args.repetition_penalty}"] if args.repetition_penalty != 1.0 else []
+    said += [f"min_p={args.min_p}"] if args.min_p else []
+    return said + (["generation_kwargs"] if args.generation_kwargs else [])
+
+
 def check_trainer(trainer: Any) -> None:
     """Refuse settings under which TRL would silently ignore what the rollout function returns."""
     if getattr(trainer, "tools", None) or getattr(trainer, "environment_factories", None):
@@ -48,6 +55,12 @@ def check_trainer(trainer: Any) -> None:
             "TRL then runs its own tool loop and ignores env_mask; give the tools to the environment instead."
         )
     args = trainer.args
+    unsampled = unsampled_settings(args)
+    if unsampled:
+        raise ConfigError(
+            f"trl_rollout_func samples every turn through EngineClient, which has no {', '.join(unsampled)}: TRL "
+            "would train as if they applied; remove them (temperature, top_p and top_k reach every turn)."
+        )
     if getattr(trainer, "use_vllm", False) and args.vllm_mode == "colocate":
         if getattr(args, "vllm_enable_sleep_mode", False):
             raise ConfigError(

@@ -77,10 +77,11 @@ ASPECTS: dict[str, dict[str, str]] = {
     },
     "sampling settings": {
         "grpo": "the environment's `sampling_args` whole",
-        "trl": "temperature and top_p; `repetition_penalty`, `min_p` and `generation_kwargs` do not reach its "
-               "rollouts",
-        "verl": "temperature, top_p; the environment's `top_k` is dropped",
-        "tinker": "the local server stops at the tokenizer's EOS only",
+        "trl": "as grpo, with TRL's temperature, top_p and top_k; TRL's `repetition_penalty`, `min_p` and "
+               "`generation_kwargs` are refused for a multi-turn environment (its turns sample without them)",
+        "verl": "verl's temperature, top_p and top_k (its trainer recomputes logprobs under them); the "
+                "environment's `max_tokens` and stops",
+        "tinker": "as grpo (stop strings or stop ids, one kind a request; the local server as the service)",
     },
 }
 

@@ -125,6 +125,25 @@ def test_sampling_reports_the_models_own_logprobs(service: Any, tiny_path: Path)
     )
 
 
+def test_the_local_server_stops_at_an_environments_stop_strings(service: Any, tiny_tokenizer: Any):
+    """Stop strings, as an environment's ``sampling_args`` send them, end a sample on the local server as on
+    grpo's engine (the sampled text is cut after the stop; EOS still stops too)."""
+    from tinker import types
+
+    sampler = service.create_sampling_client(base_model="tiny")
+    response = sampler.sample(types.ModelInput.from_ints(tiny_tokenizer.encode("abc")), num_samples=8,
+                              sampling_params=types.SamplingParams(max_tokens=40, seed=5, stop=["e", "a"])).result()
+    stopped = 0
+    for sequence in response.sequences:
+        tokens = list(sequence.tokens)
+        text, before = tiny_tokenizer.decode(tokens), tiny_tokenizer.decode(tokens[:-1])
+        assert "e" not in before and "a" not in before  # nothing sampled past the first stop
+        if "e" in text or "a" in text:  # the last token completed a stop string, and the row ended there
+            assert sequence.stop_reason == "stop"
+            stopped += 1
+    assert stopped >= 4  # ~2 characters in 100 end a row: most of 8 rows of 40 tokens meet one
+
+
 def test_forward_backward_losses_equal_a_direct_torch_computation(service: Any, server: Any, tiny_path: Path):
     from tinker import types
 

@@ -176,6 +176,19 @@ def test_sampling_max_tokens_caps_each_turn_inside_the_episode_budget(tiny_path:
     assert all(len(ids) <= 5 for ids in capped["completion_ids"])  # a turn never exceeds the episode's budget
 
 
+@pytest.mark.parametrize("setting", [{"repetition_penalty": 1.2}, {"min_p": 0.05}, {"generation_kwargs": {"typical_p": 0.9}}])
+def test_sampling_settings_a_multi_turn_rollout_cannot_honour_are_refused(
+    tiny_path: Path, tmp_path: Path, setting: dict[str, Any]
+):
+    """TRL applies these to its own generation only; the rollout's turns would sample without them."""
+    import bridges_test_trl_envs as envs
+
+    env = envs.two_turns()
+    trainer = make_trainer(tiny_path, env, tmp_path, **setting)
+    with pytest.raises(ConfigError, match=f"which has no {next(iter(setting))}"):
+        trl_rollout_func(env)([trl_dataset(env)[0]["prompt"]] * GENERATIONS, trainer)
+
+
 def test_tools_given_to_trl_as_well_are_refused(tiny_path: Path, tmp_path: Path):
     import bridges_test_trl_envs as envs
 

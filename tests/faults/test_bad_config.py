@@ -109,6 +109,8 @@ TRAIN = [  # (argv, a piece of the sentence)
     (["backend=verl", "dry_run=true", "engine=vllm"], "engine=vllm needs a GPU and none is visible"),
     (["backend=verl", "dry_run=true", "trainer.ledger_breaks=every"],
      "backend=verl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
+    (["backend=trl", "env=repeat_letter_turns", "trl.repetition_penalty=1.2"],
+     "backend=trl samples repeat_letter_turns's turns through EngineClient, which has no repetition_penalty=1.2"),
     (["backend=trl", "trainer.ledger_breaks=every"],
      "backend=trl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
     (["trainer.ledger_breaks=some"], "trainer.ledger_breaks must be one of"),
