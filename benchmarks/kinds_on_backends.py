@@ -10,6 +10,8 @@ same batch, group, sampling and steps everywhere (Tinker against its local serve
 Per cell it prints one ``key=value`` line; per kind, whether each backend learned (its last ``k`` steps
 against its first, bootstrap over steps and seeds) and how each backend's end compares with grpo's.
 ``--figure`` draws one panel per kind. A cell a backend cannot run ends in the run's own sentence.
+``--report-only`` gives the verdicts and figure of the runs already in ``--output-dir`` (cells trained
+by several invocations, one backend at a time).
 
     python benchmarks/kinds_on_backends.py --steps 250 --seeds 0 1 2 --figure docs/kinds_on_backends.png
 """
@@ -29,6 +31,7 @@ from bridges.jobs.curve_verdict import bootstrap_difference, window
 KINDS = {"single": "repeat_letter", "turns": "repeat_letter_turns", "tool": "repeat_letter_tool",
          "agent": "repeat_letter_agent", "v1": "repeat_letter_taskset"}
 BACKENDS = ("grpo", "trl", "tinker", "verl")
+TIMES = "kinds_times.jsonl"  # each finished run's wall time, one JSON line a run
 
 
 @dataclass
@@ -57,10 +60,31 @@ def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> 
         said = [line for line in done.stderr.splitlines() if line.strip()]
         cell.failure = said[-1] if said else f"bridges.train exited with {done.returncode}"
         return
+    with open(Path(args.output_dir) / TIMES, "a") as times:  # --report-only reads the cells back from here
+        times.write(json.dumps({"run": run_name, "seconds": seconds}) + "\n")
+    collect(args, cell, seed, seconds)
+
+
+def collect(args: argparse.Namespace, cell: Cell, seed: int, seconds: float) -> None:
+    """A finished run's reward curve (a step with no valid rollout counts 0) and its wall time."""
+    run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
     rows = [json.loads(x) for x in (Path(args.output_dir) / run_name / "metrics.jsonl").read_text().splitlines()
             if x.strip()]
     cell.curves.append([r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows])
     cell.seconds.append(seconds)
+
+
+def recorded(args: argparse.Namespace, cell: Cell) -> None:
+    """``--report-only``: the cell's runs already in ``--output-dir`` (the newest time of each), none trained."""
+    path = Path(args.output_dir) / TIMES
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    times = {line["run"]: float(line["seconds"]) for line in lines}
+    for seed in args.seeds:
+        run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
+        if run_name in times:
+            collect(args, cell, seed, times[run_name])
+    if not cell.curves:
+        cell.failure = f"no finished run in {args.output_dir}"
 
 
 def ends(curves: list[list[float]], k: int, last: bool) -> list[float]:
@@ -138,10 +162,13 @@ def main() -> int:
     parser.add_argument("--last-k", type=int, default=10, help="steps each end of a curve is judged on")
     parser.add_argument("--output-dir", default="runs")
     parser.add_argument("--figure", type=Path, default=None)
+    parser.add_argument("--report-only", action="store_true", help="the verdicts of runs already in --output-dir")
     args, extra = parser.parse_known_args()
     cells = [Cell(kind, backend) for kind in args.kinds for backend in args.backends]
     for cell in cells:
-        for seed in args.seeds:
+        if args.report_only:
+            recorded(args, cell)
+        for seed in args.seeds if not args.report_only else []:
             if cell.failure is None:
                 train(args, extra, cell, seed)
         print(figure_line(cell, args.last_k), flush=True)

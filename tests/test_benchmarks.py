@@ -201,3 +201,22 @@ def test_gpu_checks_default_set_fits_one_lent_slice_and_names_what_it_installs()
     wheels = {line.split("==")[0] for line in (ROOT / "benchmarks" / "gpu_wheels.txt").read_text().splitlines()
               if line and not line.startswith("#")}
     assert {"trl", "datasets", "omegaconf", "fastapi", "openai", "pydantic", "httpx2", "uvicorn"} <= wheels
+
+
+def test_kinds_on_backends_trains_two_cells_then_reports_them_again_with_verdicts(tmp_path: Path):
+    """Two steps of two kinds on grpo (the matrix's shape at its smallest), then ``--report-only`` reads the
+    same runs back: one figure line a cell, the markdown table, and a panel a kind."""
+    script, out = str(ROOT / "benchmarks/kinds_on_backends.py"), str(tmp_path / "runs")
+    small = ["--kinds", "single", "turns", "--backends", "grpo", "--steps", "2", "--batch-size", "2",
+             "--group-size", "8", "--output-dir", out]
+    trained = _run(script, *small).splitlines()
+    again = _run(script, *small, "--report-only", "--figure", str(tmp_path / "kinds.png")).splitlines()
+    assert trained == again and (tmp_path / "kinds.png").stat().st_size > 0
+    lines = [_fields(x) for x in trained if x.startswith("kind=")]
+    assert len(lines) == 2 and all(f["steps"] == 2 and f["seeds"] == 1 and f["seconds_median"] > 0 for f in lines)
+    table = [x for x in trained if x.startswith("|")]
+    assert table[0].startswith("| kind | backend |") and [x.split(" | ")[:2] for x in table[2:]] == [
+        ["| single", "grpo"], ["| turns", "grpo"]]
+    assert all(" | n/a | " in x for x in table[2:])  # one step at each end of a curve: no verdict
+    missing = _run(script, "--kinds", "tool", "--backends", "grpo", "--output-dir", out, "--report-only")
+    assert "ran=false reason='no finished run in" in missing
