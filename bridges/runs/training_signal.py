@@ -18,8 +18,10 @@ ASPECTS: dict[str, dict[str, str]] = {
     "group advantages": {
         "grpo": "(r - mean) / (sample std + 1e-6) over the group's valid members; `dr_grpo`: r - mean; a group "
                 "with < 2 valid members or one reward contributes nothing",
-        "trl": "as grpo, eps 1e-4 (TRL's `scale_rewards=group`; `dr_grpo` sets `none`)",
-        "verl": "as grpo (`algorithm.adv_estimator=bridges_grpo`: verl's own function on the valid members)",
+        "trl": "(r - mean) / (sample std + 1e-4) over the group's valid members (TRL's `scale_rewards=group`; "
+               "`dr_grpo` sets `none`: r - mean)",
+        "verl": "(r - mean) / (sample std + 1e-6) over the group's valid members (`algorithm.adv_estimator="
+                "bridges_grpo`: verl's own function on the valid members)",
         "tinker": SAME_AS_GRPO,
     },
     "a failed rollout": {
@@ -31,17 +33,19 @@ ASPECTS: dict[str, dict[str, str]] = {
     "loss over a step (`trainer.loss_aggregation`)": {
         "grpo": "`sample`: each sample's token mean, averaged over the samples with signal; `token`: one mean over "
                 "their loss tokens; `dr_grpo`: token sums over `max_completion_length`",
-        "trl": "loss_type `grpo` / `dapo` / `dr_grpo`: the same, over every sequence of the step (groups "
+        "trl": "loss_type `grpo` / `dapo` / `dr_grpo`: grpo's three, over every sequence of the step (groups "
                "without signal too): equal up to one factor a step",
         "verl": "`seq-mean-token-mean` / `token-mean` / `seq-mean-token-sum-norm` (`loss_scale_factor` = "
-                "`max_completion_length`): as TRL",
-        "tinker": "as grpo: each datum's advantages carry the step's normaliser, so the service's token sum is "
+                "`max_completion_length`): grpo's three, over every sequence of the step: equal up to one factor",
+        "tinker": "grpo's: each datum's advantages carry the step's normaliser, so the service's token sum is "
                   "the same mean",
     },
     "`sampling.max_tokens`": {
         "grpo": "tokens per model turn (None: the environment's own cap)",
-        "trl": "as grpo, through the `rollout_func`; a single-turn environment's `max_completion_length`",
-        "verl": "as grpo, through the agent loop; a single-turn environment's `max_response_length`",
+        "trl": "tokens per model turn, through the `rollout_func`; also a single-turn environment's "
+               "`max_completion_length`",
+        "verl": "tokens per model turn, through the agent loop; also a single-turn environment's "
+                "`max_response_length`",
         "tinker": SAME_AS_GRPO,
     },
     "an episode over its budget (`trainer.max_completion_length`)": {
@@ -66,7 +70,8 @@ ASPECTS: dict[str, dict[str, str]] = {
                 "only; the rest counted in `samples/breaks`",
         "trl": "`auto`/`first`: the first segment only (its one sequence a rollout; `every` refused), the rest "
                "counted in `samples/breaks`",
-        "verl": "as TRL",
+        "verl": "`auto`/`first`: the first segment only (its one sequence a rollout; `every` refused), the rest "
+                "counted in `samples/breaks`",
         "tinker": SAME_AS_GRPO,
     },
     "KL (`trainer.beta` > 0)": {
@@ -77,11 +82,13 @@ ASPECTS: dict[str, dict[str, str]] = {
     },
     "sampling settings": {
         "grpo": "the environment's `sampling_args` whole",
-        "trl": "as grpo, with TRL's temperature, top_p and top_k; TRL's `repetition_penalty`, `min_p` and "
+        "trl": "the environment's `sampling_args`, TRL's temperature, top_p and top_k on top; TRL's "
+               "`repetition_penalty`, `min_p` and "
                "`generation_kwargs` are refused for a multi-turn environment (its turns sample without them)",
         "verl": "verl's temperature, top_p and top_k (its trainer recomputes logprobs under them); the "
                 "environment's `max_tokens` and stops",
-        "tinker": "as grpo (stop strings or stop ids, one kind a request; the local server as the service)",
+        "tinker": "the environment's `sampling_args` whole (stop strings or stop ids, one kind a request; the "
+                  "local server as the service)",
     },
 }
 
