@@ -50,6 +50,14 @@ def make_repeat_reward(length: int):
     return repeated_letter
 
 
+def check_task(alphabet: str, length: int) -> None:
+    """The task's two settings, shared by its every kind (turns, tool, agent): one sentence if unusable."""
+    if not alphabet or len(set(alphabet)) != len(alphabet):
+        raise ConfigError(f"alphabet must be non-empty distinct characters, got {alphabet!r}.")
+    if length < 1:
+        raise ConfigError(f"length must be at least 1, got {length}.")
+
+
 def load_environment(
     num_train: int = 512,
     num_eval: int = -1,
@@ -62,10 +70,7 @@ def load_environment(
 ) -> SingleTurnEnv:
     from datasets import Dataset
 
-    if not alphabet or len(set(alphabet)) != len(alphabet):
-        raise ConfigError(f"alphabet must be non-empty distinct characters, got {alphabet!r}.")
-    if length < 1:
-        raise ConfigError(f"length must be at least 1, got {length}.")
+    check_task(alphabet, length)
     num_eval = len(alphabet) if num_eval < 0 else num_eval
     eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     sampling_args = {"max_tokens": max_tokens or length, **kwargs.pop("sampling_args", {})}

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from bridges import AgentEnv, Rubric
-from bridges.environments.repeat_letter import build_rows, make_repeat_reward, train_letters
+from bridges.environments.repeat_letter import build_rows, check_task, make_repeat_reward, train_letters
 
 FOLLOW_UP = "Again."
 
@@ -54,6 +54,7 @@ def load_environment(
     def reward(state: Any, answer: str) -> float:
         return final_answer(state, answer, length)
 
+    check_task(alphabet, length)
     eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     sampling_args = {"max_tokens": length, **kwargs.pop("sampling_args", {})}
     return AgentEnv(

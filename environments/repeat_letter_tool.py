@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges import ConfigError, Rubric, State, ToolEnv
-from bridges.environments.repeat_letter import build_rows, make_repeat_reward, train_letters
+from bridges.environments.repeat_letter import build_rows, check_task, make_repeat_reward, train_letters
 
 
 def letter() -> str:
@@ -55,8 +55,9 @@ def load_environment(
 ) -> RepeatLetterToolEnv:
     from datasets import Dataset
 
-    if max_turns < 2 or length < 1:
-        raise ConfigError(f"max_turns must be at least 2 and length at least 1, got {max_turns} and {length}.")
+    check_task(alphabet, length)
+    if max_turns < 2:
+        raise ConfigError(f"max_turns must be at least 2 (a call, then the answer), got {max_turns}.")
     num_eval = len(alphabet) if num_eval < 0 else num_eval
     eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     return RepeatLetterToolEnv(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges import ConfigError, MultiTurnEnv, Rubric, State, stop
-from bridges.environments.repeat_letter import build_rows, train_letters
+from bridges.environments.repeat_letter import build_rows, check_task, train_letters
 
 
 def reply_scores(completion: list[dict[str, Any]], answer: str, length: int) -> list[float]:
@@ -57,8 +57,9 @@ def load_environment(
 ) -> RepeatLetterTurnsEnv:
     from datasets import Dataset
 
-    if turns < 1 or length < 1:
-        raise ConfigError(f"turns and length must be at least 1, got turns={turns}, length={length}.")
+    check_task(alphabet, length)
+    if turns < 1:
+        raise ConfigError(f"turns must be at least 1, got {turns}.")
     num_eval = len(alphabet) if num_eval < 0 else num_eval
     eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     return RepeatLetterTurnsEnv(

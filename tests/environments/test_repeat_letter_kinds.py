@@ -33,6 +33,8 @@ def test_the_turns_reward_is_the_mean_over_turns_with_unplayed_turns_of_a_solved
     assert reward([], "a") == 0.0
     with pytest.raises(ValueError, match="turns"):
         repeat_letter_turns.load_environment(turns=0)
+    with pytest.raises(ValueError, match="distinct"):
+        repeat_letter_turns.load_environment(alphabet="aab")
 
 
 def test_the_tool_reward_is_half_for_calling_first_and_half_for_the_final_reply() -> None:
@@ -46,6 +48,8 @@ def test_the_tool_reward_is_half_for_calling_first_and_half_for_the_final_reply(
     assert reward([], "a") == 0.0
     with pytest.raises(ValueError, match="max_turns"):
         repeat_letter_tool.load_environment(max_turns=1)
+    with pytest.raises(ValueError, match="length"):
+        repeat_letter_tool.load_environment(length=0)
 
 
 async def _rollout(env: Any, tiny_tokenizer: Any, script: Callable[[str], str]) -> tuple[Any, ScriptedEngine]:
