@@ -50,6 +50,21 @@ def make_repeat_reward(length: int):
     return repeated_letter
 
 
+def letter_splits(
+    alphabet: str, num_train: int, num_eval: int, seed: int, prompt_template: str = "{letter}"
+) -> dict[str, Any]:
+    """``dataset`` and ``eval_dataset`` (built when first asked for) for every kind of the task: the balanced,
+    seeded train letters, and each letter in turn for eval (-1: the alphabet once)."""
+    from datasets import Dataset
+
+    num_eval = len(alphabet) if num_eval < 0 else num_eval
+    eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
+    return {
+        "dataset": lambda: Dataset.from_dict(build_rows(train_letters(alphabet, num_train, seed), prompt_template)),
+        "eval_dataset": lambda: Dataset.from_dict(build_rows(eval_letters, prompt_template)),
+    }
+
+
 def check_task(alphabet: str, length: int) -> None:
     """The task's two settings, shared by its every kind (turns, tool, agent): one sentence if unusable."""
     if not alphabet or len(set(alphabet)) != len(alphabet):
@@ -68,17 +83,10 @@ def load_environment(
     prompt_template: str = "{letter}",
     **kwargs: Any,
 ) -> SingleTurnEnv:
-    from datasets import Dataset
-
     check_task(alphabet, length)
-    num_eval = len(alphabet) if num_eval < 0 else num_eval
-    eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     sampling_args = {"max_tokens": max_tokens or length, **kwargs.pop("sampling_args", {})}
     return SingleTurnEnv(
-        dataset=lambda: Dataset.from_dict(
-            build_rows(train_letters(alphabet, num_train, seed), prompt_template)
-        ),
-        eval_dataset=lambda: Dataset.from_dict(build_rows(eval_letters, prompt_template)),
+        **letter_splits(alphabet, num_train, num_eval, seed, prompt_template),
         rubric=Rubric(funcs=[make_repeat_reward(length)], weights=[1.0]),
         sampling_args=sampling_args,
         **kwargs,

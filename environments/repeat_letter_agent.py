@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from bridges import AgentEnv, Rubric
-from bridges.environments.repeat_letter import build_rows, check_task, make_repeat_reward, train_letters
+from bridges.environments.repeat_letter import check_task, letter_splits, make_repeat_reward
 
 FOLLOW_UP = "Again."
 
@@ -49,20 +49,16 @@ def load_environment(
     num_train: int = 512, num_eval: int = 8, seed: int = 0, alphabet: str = "abcdefgh", length: int = 6,
     command: bool = False, agent_timeout: float = 60.0, **kwargs: Any,
 ) -> AgentEnv:
-    from datasets import Dataset
-
     def reward(state: Any, answer: str) -> float:
         return final_answer(state, answer, length)
 
     check_task(alphabet, length)
-    eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     sampling_args = {"max_tokens": length, **kwargs.pop("sampling_args", {})}
     return AgentEnv(
         None if command else letter_agent,
         command=[sys.executable, "-m", __name__] if command else None,
         agent_timeout=agent_timeout,
-        dataset=lambda: Dataset.from_dict(build_rows(train_letters(alphabet, num_train, seed), "{letter}")),
-        eval_dataset=lambda: Dataset.from_dict(build_rows(eval_letters, "{letter}")),
+        **letter_splits(alphabet, num_train, num_eval, seed),
         rubric=Rubric(funcs=[reward], weights=[1.0]),
         sampling_args=sampling_args,
         **kwargs,

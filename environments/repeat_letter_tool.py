@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges import ConfigError, Rubric, State, ToolEnv
-from bridges.environments.repeat_letter import build_rows, check_task, make_repeat_reward, train_letters
+from bridges.environments.repeat_letter import check_task, letter_splits, make_repeat_reward
 
 
 def letter() -> str:
@@ -53,18 +53,13 @@ def load_environment(
     num_train: int = 512, num_eval: int = -1, seed: int = 0, alphabet: str = "abcdefgh", length: int = 6,
     max_turns: int = 2, **kwargs: Any,
 ) -> RepeatLetterToolEnv:
-    from datasets import Dataset
-
     check_task(alphabet, length)
     if max_turns < 2:
         raise ConfigError(f"max_turns must be at least 2 (a call, then the answer), got {max_turns}.")
-    num_eval = len(alphabet) if num_eval < 0 else num_eval
-    eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     return RepeatLetterToolEnv(
         tools=[letter],
         max_turns=max_turns,
-        dataset=lambda: Dataset.from_dict(build_rows(train_letters(alphabet, num_train, seed), "{letter}")),
-        eval_dataset=lambda: Dataset.from_dict(build_rows(eval_letters, "{letter}")),
+        **letter_splits(alphabet, num_train, num_eval, seed),
         rubric=Rubric(funcs=[make_tool_reward(length)], weights=[1.0]),
         sampling_args={"max_tokens": length, **kwargs.pop("sampling_args", {})},
         **kwargs,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges import ConfigError, MultiTurnEnv, Rubric, State, stop
-from bridges.environments.repeat_letter import build_rows, check_task, train_letters
+from bridges.environments.repeat_letter import check_task, letter_splits
 
 
 def reply_scores(completion: list[dict[str, Any]], answer: str, length: int) -> list[float]:
@@ -55,18 +55,13 @@ def load_environment(
     num_train: int = 512, num_eval: int = -1, seed: int = 0, alphabet: str = "abcdefgh", length: int = 6,
     turns: int = 3, **kwargs: Any,
 ) -> RepeatLetterTurnsEnv:
-    from datasets import Dataset
-
     check_task(alphabet, length)
     if turns < 1:
         raise ConfigError(f"turns must be at least 1, got {turns}.")
-    num_eval = len(alphabet) if num_eval < 0 else num_eval
-    eval_letters = [alphabet[i % len(alphabet)] for i in range(num_eval)]
     return RepeatLetterTurnsEnv(
         length,
         max_turns=turns,
-        dataset=lambda: Dataset.from_dict(build_rows(train_letters(alphabet, num_train, seed), "{letter}")),
-        eval_dataset=lambda: Dataset.from_dict(build_rows(eval_letters, "{letter}")),
+        **letter_splits(alphabet, num_train, num_eval, seed),
         rubric=Rubric(funcs=[make_turns_reward(turns, length)], weights=[1.0]),
         sampling_args={"max_tokens": length, **kwargs.pop("sampling_args", {})},
         **kwargs,
