@@ -48,5 +48,5 @@ def test_the_wheel_has_one_top_level_package(tmp_path: Path):
     assert top == {"bridges"}
     for module in ("bridges/adapters/tinker/server.py", "bridges/workflows/rollouts.py",
                    "bridges/environments/repeat_letter.py", "bridges/grpo/trainer.py", "bridges/runs/config.py",
-                   "bridges/models/templates/qwen2.5.jinja"):
+                   "bridges/models/chat-templates/qwen2.5.jinja"):
         assert module in names

@@ -4,7 +4,7 @@
 gives back the same ids: the failure the token ledger exists for can never happen on it. These
 models use the families' real byte-level BPE vocabularies and special-token ids (read offline from
 packages that ship them: the ``vocabs`` extra), our own chat template written from each family's
-documented format (``bridges/models/templates/``), and a random 2-layer model over the vocabulary. A random
+documented format (``bridges/models/chat-templates/``), and a random 2-layer model over the vocabulary. A random
 model samples ids no tokenizer would produce from the decoded text (non-canonical tokenisations),
 and markup (end of turn, tool calls, ``<think>``) is made likely enough to appear in most replies:
 exactly the conditions under which re-rendering a conversation drifts from what was sampled.
@@ -143,7 +143,7 @@ def _fast(backend: Any, template: str, **special_tokens: str | None) -> Any:
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
                                         model_max_length=4096, **special_tokens)
-    tokenizer.chat_template = (Path(__file__).parent / "templates" / f"{template}.jinja").read_text()
+    tokenizer.chat_template = (Path(__file__).parent / "chat-templates" / f"{template}.jinja").read_text()
     return tokenizer
 
 

@@ -17,7 +17,7 @@ from bridges.client.tool_calls import (
 )
 from bridges.models.tiny import TINY_CHAT_TEMPLATE
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "bridges" / "models" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "bridges" / "models" / "chat-templates"
 IDS = [11, 12, 13]
 
 
