@@ -17,10 +17,11 @@ EXAMPLES = REPO / "examples"
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run an example as a user would; from the test's own folder unless ``cwd`` says where (nothing is
-    written into the checkout, byte-compiled files included)."""
+    written into the checkout, byte-compiled files included). Under ``-X faulthandler``: a native crash
+    (the TRL drop-in died once of SIGSEGV in CI) leaves its Python stack in the stderr an assertion quotes."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-X", "faulthandler", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
     )
 
 
@@ -71,7 +72,7 @@ def test_token_exact_client_reuses_the_first_turn(tmp_path: Path):
 
 def test_trl_drop_in_trains_a_multi_turn_env(tmp_path: Path):
     result = run(str(EXAMPLES / "trl_drop_in.py"), "guess_number", "2", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-4000:]  # a crash's faulthandler stack is at the end
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("trained 2 steps on guess_number: reward ")
     lines = (EXAMPLES / "trl_drop_in.py").read_text().splitlines()
