@@ -13,7 +13,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from bridges.workflows.samples import SampleStats, state_to_samples, truncate_sample
+from bridges.workflows.samples import SampleStats, count_breaks, state_to_samples, truncate_sample
 from bridges.workflows.types import Group, TrainingSample
 
 
@@ -80,7 +80,10 @@ def step_tallies(
         "zero_variance": sum(1 for g in groups if g.skip_reason == "zero_variance"),
         "too_few_valid": sum(1 for g in groups if g.skip_reason == "too_few_valid"),
         "completion_tokens": sum(len(t.completion_ids) for s in valid for t in s.turns),
-        "samples": stats.samples, "breaks": stats.breaks, "drift_tokens": sum(e.drift_tokens or 0 for e in episodes),
+        # breaks over every rollout of the step, trained or not, as TRL and verl count them
+        "samples": stats.samples, "breaks": sum(count_breaks((t.prompt_ids, t.completion_ids) for t in e.turns)
+                                                for e in episodes),
+        "drift_tokens": sum(e.drift_tokens or 0 for e in episodes),
         "max/staleness": engine_version - min(versions) if versions else 0,
     }
     for reason, count in Counter(e.stop_reason for e in episodes).items():

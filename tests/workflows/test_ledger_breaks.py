@@ -83,3 +83,32 @@ def test_a_traces_breaks_follow_the_samples_rule() -> None:
         stats = SampleStats()
         turns_to_samples(turns, advantage=1.0, reward=1.0, example_id=0, stats=stats)
         assert count_breaks((t.prompt_ids, t.completion_ids) for t in turns) == stats.breaks
+
+
+SMALL = ["env=bridges_test_side_talk_env", "progress=false", "trainer.max_steps=2", "trainer.batch_size=2",
+         "trainer.group_size=8", "run_name=side"]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_grpo_trains_every_segment_or_the_first_as_asked_and_counts_each_break(tmp_path: Path) -> None:
+    """The same rollouts both ways (one seed; both steps sampled from the first weights, one step ahead):
+    ``every`` trains two sequences for each rollout with an advantage, ``first`` one."""
+    from bridges.train import main
+
+    trained = {}
+    for rule in ("every", "first"):
+        assert main([f"output_dir={tmp_path / rule}", *SMALL, f"trainer.ledger_breaks={rule}"]) == 0
+        rows = _rows(tmp_path / rule / "side")
+        assert [r["samples/breaks"] for r in rows] == [16, 16]  # every rollout's side conversation, trained or not
+        trained[rule] = [r["samples/trained"] for r in rows]
+    assert sum(trained["first"]) > 0 and trained["every"] == [2 * n for n in trained["first"]]
+
+
+def test_trl_trains_the_first_segment_and_counts_each_break(tmp_path: Path) -> None:
+    from bridges.train import main
+
+    assert main(["backend=trl", f"output_dir={tmp_path}", *SMALL]) == 0
+    assert [r["samples/breaks"] for r in _rows(tmp_path / "side")] == [16.0, 16.0]
