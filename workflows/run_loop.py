@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from bridges.envs.types import StopReason
 from bridges.runs.metrics import StepProgress, finish_run
+from bridges.runs.train_config import batches_ahead
 from bridges.runtime.errors import TrainingDivergedError
 from bridges.workflows.batches import batch_seed, groups_to_samples, rows_at, step_metrics, step_tallies
 from bridges.workflows.traces import open_run_files, reward_failure
@@ -117,7 +118,7 @@ async def run_training(
     started = time.perf_counter()
     try:
         while position.step < t.max_steps:
-            while ahead.step < t.max_steps and len(pending) <= t.num_batches_ahead:
+            while ahead.step < t.max_steps and len(pending) <= batches_ahead(config):
                 rows = rows_at(spec.dataset, ahead.data_position, t.batch_size, config.seed, spec.rows_together)
                 args = {**spec.sampling_args, "seed": batch_seed(config.seed, ahead.step)}
                 pending.append(learner.start_batch(rows, args))

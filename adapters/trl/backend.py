@@ -24,6 +24,7 @@ from bridges.runs.metrics import renamed
 from bridges.runs.train_config import (
     TrainConfig,
     check_one_sequence_a_rollout,
+    check_synchronous,
     completion_budget,
     lora_config,
     shared_keys,
@@ -47,7 +48,7 @@ TRL_EVAL_METRICS = ("reward", "reward_std", "completions/mean_length", "env/erro
 # parallelism (FSDP and DeepSpeed through TRL's own accelerate config); the logprob computation is TRL's.
 # The ratio cap is TRL's ``delta`` (two-sided truncation of the ratio, as the bundled trainer's).
 HONOURED_KEYS = shared_keys() - {
-    "trainer.num_batches_ahead", "trainer.max_concurrent", "trainer.rollout_process",
+    "trainer.max_concurrent", "trainer.rollout_process",
     "trainer.strategy", "trainer.logprob_chunk_tokens",
     "trainer.micro_batch_tokens",  # TRL packs with its own trl.padding_free (flash-attention only)
     "trainer.kernels",  # TRL's own: trl.use_liger_kernel, or torch_compile in its TrainingArguments
@@ -238,6 +239,7 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
     check_device(config.trainer.device, "trainer.device")
     check_recompute(config)
     check_one_sequence_a_rollout(config)
+    check_synchronous(config)
     if config.trainer.device.startswith("cuda:") and config.trainer.device != "cuda:0":
         raise ConfigError(
             f"backend=trl lets accelerate place the model, so trainer.device={config.trainer.device} cannot "

@@ -43,6 +43,7 @@ from bridges.runs.config import check_passthrough
 from bridges.runs.train_config import (
     TrainConfig,
     check_one_sequence_a_rollout,
+    check_synchronous,
     completion_budget,
     shared_keys,
     turn_max_tokens,
@@ -57,7 +58,7 @@ MICRO_BATCH_PER_GPU = (
 # verl's own trainer takes these from the shared keys (overrides()); accumulation, the generation
 # pipeline, concurrency, the rollout process and LoRA dropout are verl.* settings of its own
 HONOURED_KEYS = shared_keys() - {
-    "trainer.grad_accum_steps", "trainer.num_batches_ahead", "trainer.max_concurrent",
+    "trainer.grad_accum_steps", "trainer.max_concurrent",
     "trainer.rollout_process", "trainer.lora_dropout",
     # verl places, shards and checkpoints its own workers (verl.trainer.n_gpus_per_node, verl.actor_rollout_ref.*)
     "trainer.device", "trainer.dtype", "trainer.gradient_checkpointing", "trainer.logprob_chunk_tokens",
@@ -332,6 +333,7 @@ def validate(config: TrainConfig, options: dict[str, Any]) -> None:
 
     check_model(config.model)
     check_one_sequence_a_rollout(config)
+    check_synchronous(config)
     layout = gpu_layout(config)  # this machine's view; a running cluster's is read when the run joins it
     gpus = layout.gpus_per_node
     workers_key = "actor_rollout_ref.rollout.agent.num_workers"

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bridges.runs.train_config import TrainConfig, completion_budget
+from bridges.runs.train_config import TrainConfig, batches_ahead, completion_budget
 
 LOGIT_COPIES = 4  # fp32 logits, their log-softmax, the cumulative distribution, a top-k/top-p sort
 GPU_SHARE = 0.5  # of what the trainer leaves free on the GPU (its activations come and go)
@@ -43,7 +43,7 @@ def batch_shape(config: TrainConfig, env: Any, tokenizer: Any, processes: int) -
     rollouts allowed in flight), the longest of the first training prompts, and the completion budget."""
     t = config.trainer
     groups = math.ceil(t.batch_size / processes)
-    rows = min(groups * t.group_size * (t.num_batches_ahead + 1), t.max_concurrent)
+    rows = min(groups * t.group_size * (batches_ahead(config) + 1), t.max_concurrent)
     return BatchShape(max(rows, 1), longest_prompt(env, tokenizer), completion_budget(config, env))
 
 

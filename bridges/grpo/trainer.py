@@ -95,7 +95,7 @@ from bridges.grpo.step_memory import step_reserve_bytes
 from bridges.models.hardware import Placement, bound, memory_metrics, placement
 from bridges.models.token_logprobs import chunked_matches_plain, default_chunk_tokens, varlen_attention
 from bridges.runs.backends import Backend
-from bridges.runs.train_config import TrainConfig, rollout_sampling_args, shared_keys
+from bridges.runs.train_config import TrainConfig, batches_ahead, rollout_sampling_args, shared_keys
 from bridges.workflows.advantages import advantage_method
 from bridges.workflows.run_loop import RunPosition, RunSpec, eval_rows, run_training
 from bridges.workflows.types import Group, TrainingSample
@@ -154,7 +154,7 @@ def _check_engine_settings(config: TrainConfig) -> None:
     from bridges.runtime.launch import launched_size
 
     t = config.trainer
-    if config.vllm.get("enable_sleep_mode") and (config.engine != "vllm" or t.num_batches_ahead != 0
+    if config.vllm.get("enable_sleep_mode") and (config.engine != "vllm" or batches_ahead(config) != 0
                                                  or t.inference != "engine"):
         raise ConfigError(
             "vllm.enable_sleep_mode=true offloads the vLLM engine while the trainer steps, so it needs "

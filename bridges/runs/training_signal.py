@@ -56,14 +56,15 @@ ASPECTS: dict[str, dict[str, str]] = {
                 "and is trained",
         "tinker": SAME_AS_GRPO,
     },
-    "off-policy samples": {
-        "grpo": "one step behind by default (`trainer.num_batches_ahead=1`); ratio against the sampler's "
-                "logprobs, clipped at `epsilon`/`epsilon_high`, truncated at `ratio_cap`",
-        "trl": "synchronous (`num_batches_ahead` refused); old logprobs recomputed, so the ratio is 1 on one "
+    "off-policy samples (`trainer.num_batches_ahead`)": {
+        "grpo": "unset: one batch ahead (generation of step k+1 overlaps training on step k); 0: synchronous; ratio "
+                "against the sampler's logprobs, clipped at `epsilon`/`epsilon_high`, truncated at `ratio_cap`",
+        "trl": "unset or 0: synchronous (more is refused); old logprobs recomputed, so the ratio is 1 on one "
                "iteration",
-        "verl": "synchronous; ratio against verl's recomputed old logprobs, dual clip at `ratio_cap`",
-        "tinker": "one step behind by default; `importance_sampling` has no clip (`epsilon` refused), `ppo` "
-                  "clips at `epsilon`, `cispo` truncates at `ratio_cap`",
+        "verl": "unset or 0: synchronous (more is refused); ratio against verl's recomputed old logprobs, dual clip "
+                "at `ratio_cap`",
+        "tinker": "unset: one batch ahead; 0: synchronous; `importance_sampling` has no clip (`epsilon` refused), "
+                  "`ppo` clips at `epsilon`, `cispo` truncates at `ratio_cap`",
     },
     "a broken ledger (`trainer.ledger_breaks`)": {
         "grpo": "`auto`/`every`: each segment a sample with the episode's advantage; `first`: the first segment "

@@ -97,7 +97,7 @@ TRAIN = [  # (argv, a piece of the sentence)
         ["backend=tinker", "tinker.base_url=local", "trainer.beta=0.1"],
         "backend=tinker does not use trainer.beta (set to 0.1)",
     ),
-    (["backend=trl", "trainer.num_batches_ahead=2"], "backend=trl does not use trainer.num_batches_ahead (set to 2)"),
+    (["backend=trl", "trainer.max_concurrent=8"], "backend=trl does not use trainer.max_concurrent (set to 8)"),
     (["backend=verl", "trainer.rollout_process=true"], "backend=verl does not use trainer.rollout_process"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=dro"], "tinker.loss_fn must be one of"),
     (["backend=tinker", "tinker.base_url=local", "tinker.loss_fn=ppo", "trainer.ratio_cap=2.0"],
@@ -111,6 +111,10 @@ TRAIN = [  # (argv, a piece of the sentence)
      "backend=verl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
     (["backend=trl", "env=repeat_letter_turns", "trl.repetition_penalty=1.2"],
      "backend=trl samples repeat_letter_turns's turns through EngineClient, which has no repetition_penalty=1.2"),
+    (["backend=trl", "trainer.num_batches_ahead=1"],
+     "backend=trl generates each batch with the weights that train on it, so trainer.num_batches_ahead=1"),
+    (["backend=verl", "dry_run=true", "trainer.num_batches_ahead=2"],
+     "backend=verl generates each batch with the weights that train on it, so trainer.num_batches_ahead=2"),
     (["backend=trl", "trainer.ledger_breaks=every"],
      "backend=trl trains one token sequence a rollout, so trainer.ledger_breaks=every"),
     (["trainer.ledger_breaks=some"], "trainer.ledger_breaks must be one of"),
@@ -285,3 +289,18 @@ def test_the_console_script_finds_an_environment_in_the_working_folder_as_python
         assert done.returncode == 0, done.stderr[-1500:]
         outs.append(done.stdout)
     assert "env: my_env" in outs[0] and outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("backend", ["grpo", "trl", "verl", "tinker"])
+def test_one_synchronous_rule_runs_on_every_backend(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``trainer.num_batches_ahead=0`` and ``trainer.ledger_breaks=first`` mean the same on all four, so a
+    comparison sets them everywhere; unset, each backend keeps its own (1 or 0 batches ahead)."""
+    import bridges.train
+    from bridges.runs.config import parse_config
+    from bridges.runs.train_config import TrainConfig, batches_ahead
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    extra = ["tinker.base_url=local"] if backend == "tinker" else []
+    argv = [f"backend={backend}", "trainer.num_batches_ahead=0", "trainer.ledger_breaks=first", *extra]
+    assert bridges.train.main([*argv, "dry_run=true", f"output_dir={tmp_path}"]) == 0
+    assert batches_ahead(parse_config(TrainConfig, [f"backend={backend}"])) == (0 if backend in ("trl", "verl") else 1)
