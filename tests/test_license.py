@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_declared_apache_licence_is_shipped_in_full():
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
-    assert declared == {"text": "Apache-2.0"}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]  # SPDX (PEP 639)
     text = (ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) > 150
