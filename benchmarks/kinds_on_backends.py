@@ -8,7 +8,8 @@ a verifiers v1 taskset). Each cell is ``python -m bridges.train backend=<b> env=
 same batch, group, sampling and steps everywhere (Tinker against its local server), timed end to end.
 
 Per cell it prints one ``key=value`` line; per kind, whether each backend learned (its last ``k`` steps
-against its first, bootstrap over steps and seeds) and how each backend's end compares with grpo's.
+against its first) and how each backend's end compares with grpo's: 95% bootstrap intervals over steps
+with one seed, over seeds with several.
 ``--figure`` draws one panel per kind. A cell a backend cannot run ends in the run's own sentence.
 ``--report-only`` gives the verdicts and figure of the runs already in ``--output-dir`` (cells trained
 by several invocations, one backend at a time).
@@ -88,8 +89,11 @@ def recorded(args: argparse.Namespace, cell: Cell) -> None:
 
 
 def ends(curves: list[list[float]], k: int, last: bool) -> list[float]:
-    """Every seed's first (or last) ``k`` step means, pooled: the bootstrap resamples steps of all seeds."""
-    return [r for c in curves for r in (c[-window(c, k):] if last else c[: window(c, k)])]
+    """What the bootstrap resamples at one end of a cell's curves: with one seed its first (or last) ``k``
+    step means; with several, each seed's mean over those steps, so the interval is over seeds (a seed
+    that learned late is one draw of three, not ``k`` steps that all agree with each other)."""
+    pieces = [c[-window(c, k):] if last else c[: window(c, k)] for c in curves]
+    return pieces[0] if len(pieces) == 1 else [sum(p) / len(p) for p in pieces]
 
 
 def figure_line(cell: Cell, k: int) -> str:
