@@ -46,11 +46,15 @@ class Cell:
     failure: str | None = None
 
 
+def run_name(cell: Cell, seed: int) -> str:
+    return f"kinds-{cell.kind}-{cell.backend}-s{seed}"
+
+
 def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> None:
-    run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
+    name = run_name(cell, seed)
     command = [sys.executable, "-m", "bridges.train", f"backend={cell.backend}", f"env={KINDS[cell.kind]}",
                f"seed={seed}", f"trainer.max_steps={args.steps}", f"trainer.batch_size={args.batch_size}",
-               f"trainer.group_size={args.group_size}", f"output_dir={args.output_dir}", f"run_name={run_name}",
+               f"trainer.group_size={args.group_size}", f"output_dir={args.output_dir}", f"run_name={name}",
                "overwrite=true", "progress=false", *extra]
     if cell.backend == "tinker":
         command.append("tinker.base_url=local")
@@ -62,14 +66,13 @@ def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> 
         cell.failure = said[-1] if said else f"bridges.train exited with {done.returncode}"
         return
     with open(Path(args.output_dir) / TIMES, "a") as times:  # --report-only reads the cells back from here
-        times.write(json.dumps({"run": run_name, "seconds": seconds}) + "\n")
+        times.write(json.dumps({"run": name, "seconds": seconds}) + "\n")
     collect(args, cell, seed, seconds)
 
 
 def collect(args: argparse.Namespace, cell: Cell, seed: int, seconds: float) -> None:
     """A finished run's reward curve (a step with no valid rollout counts 0) and its wall time."""
-    run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
-    rows = [json.loads(x) for x in (Path(args.output_dir) / run_name / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in (Path(args.output_dir) / run_name(cell, seed) / "metrics.jsonl").read_text().splitlines()
             if x.strip()]
     cell.curves.append([r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows])
     cell.seconds.append(seconds)
@@ -81,9 +84,8 @@ def recorded(args: argparse.Namespace, cell: Cell) -> None:
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     times = {line["run"]: float(line["seconds"]) for line in lines}
     for seed in args.seeds:
-        run_name = f"kinds-{cell.kind}-{cell.backend}-s{seed}"
-        if run_name in times:
-            collect(args, cell, seed, times[run_name])
+        if run_name(cell, seed) in times:
+            collect(args, cell, seed, times[run_name(cell, seed)])
     if not cell.curves:
         cell.failure = f"no finished run in {args.output_dir}"
 

@@ -49,11 +49,10 @@ def groups_to_samples(
             continue
         for state, advantage in zip(group.states, group.advantages, strict=True):
             if state.trainable and advantage != 0.0:
-                found = state_to_samples(state, advantage, stats)
-                if first_segment_only and len(found) > 1:
-                    stats.samples -= len(found) - 1
-                    found = found[:1]
-                samples.extend(truncate_sample(s, s.prompt_length + max_completion_length) for s in found)
+                found = state_to_samples(state, advantage)
+                kept = found[:1] if first_segment_only else found
+                stats.samples, stats.breaks = stats.samples + len(kept), stats.breaks + len(found) - 1
+                samples.extend(truncate_sample(s, s.prompt_length + max_completion_length) for s in kept)
     return samples, stats
 
 

@@ -254,9 +254,7 @@ def turn_max_tokens(config: TrainConfig) -> dict[str, int]:
 
 def rollout_sampling_args(config: TrainConfig, env_defaults: dict[str, Any] | None) -> dict[str, Any]:
     """The sampling arguments of training rollouts: the environment's defaults, then the shared keys."""
-    args: dict[str, Any] = {**(env_defaults or {})}
-    if config.sampling.max_tokens is not None:
-        args["max_tokens"] = config.sampling.max_tokens
+    args: dict[str, Any] = {**(env_defaults or {}), **turn_max_tokens(config)}
     args.update(temperature=config.sampling.temperature, top_p=config.sampling.top_p)
     return args
 
