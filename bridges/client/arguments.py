@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -477,20 +478,29 @@ def _chat_option(name: str, value: Any, request: ChatRequest, path: str) -> None
         _check_other(name, value, _CHAT_SDK_PARAMS, path)
 
 
+def _read_options(
+    kwargs: dict[str, Any], required: str, request: ChatRequest | CompletionRequest, sdk_params: frozenset[str],
+    path: str, option: Callable[[str, Any], None],
+) -> None:
+    """Every argument but the required one and ``model``, read the same way on both endpoints: the
+    timeout, then an argument the SDK sends as absent (checked, never applied), then ``option``."""
+    for name, value in kwargs.items():
+        if name in (required, "model"):
+            continue
+        if name == "timeout":
+            request.timeout = _timeout(value, path)
+        elif is_absent(value):
+            _check_other(name, value, sdk_params, path)
+        else:
+            option(name, value)
+
+
 def parse_chat(kwargs: dict[str, Any]) -> ChatRequest:
     """Validate ``chat.completions.create`` keyword arguments (raises BadRequestError/TypeError)."""
     path = CHAT_PATH
     messages, model = _required(kwargs, "messages")
     request = ChatRequest(_chat_messages(messages, path), model)
-    for name, value in kwargs.items():
-        if name in ("messages", "model"):
-            continue
-        if name == "timeout":
-            request.timeout = _timeout(value, path)
-        elif is_absent(value):
-            _check_other(name, value, _CHAT_SDK_PARAMS, path)
-        else:
-            _chat_option(name, value, request, path)
+    _read_options(kwargs, "messages", request, _CHAT_SDK_PARAMS, path, lambda name, value: _chat_option(name, value, request, path))
     if request.params.top_logprobs and not request.logprobs:
         raise _bad("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs", path)
     _finish_tools(request, path)
@@ -538,14 +548,7 @@ def parse_completion(kwargs: dict[str, Any]) -> CompletionRequest:
     path = COMPLETIONS_PATH
     prompt, model = _required(kwargs, "prompt")
     request = CompletionRequest(_completion_prompt(prompt, path), model)
-    for name, value in kwargs.items():
-        if name in ("prompt", "model"):
-            continue
-        if name == "timeout":
-            request.timeout = _timeout(value, path)
-        elif is_absent(value):
-            _check_other(name, value, _COMPLETION_SDK_PARAMS, path)
-        else:
-            _completion_option(name, value, request, kwargs.get("n"), path)
+    _read_options(kwargs, "prompt", request, _COMPLETION_SDK_PARAMS, path,
+                  lambda name, value: _completion_option(name, value, request, kwargs.get("n"), path))
     _finish_streaming(request, path)
     return request

@@ -152,6 +152,11 @@ async def test_unknown_keyword_is_a_type_error_like_the_sdk(make_client):
         await client.chat.completions.create(model="m", messages=USER, temprature=0.5)
     with pytest.raises(TypeError, match="'model'"):
         await client.chat.completions.create(messages=USER)
+    # each endpoint's required argument is an unknown keyword on the other one
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prompt'"):
+        await client.chat.completions.create(model="m", messages=USER, prompt="hi")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'messages'"):
+        await client.completions.create(model="m", prompt="hi", messages=USER)
 
 
 async def test_bad_messages_are_bad_requests(make_client):
