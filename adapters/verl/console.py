@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.runs.metrics import StepProgress
+from bridges.runtime.launch import die_with_parent, stop_processes
 
 CONSOLE_LOG = "verl/console.log"
 POLL_S = 0.5
@@ -86,7 +87,8 @@ def run_verl(command: list[str], env: dict[str, str], run_dir: Path, progress: S
     with log_path.open("ab") as log:
         log.write(f"$ {shlex.join(command)}\n".encode())
         log.flush()
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # its own session, sent SIGTERM if we die (even by SIGKILL): verl's Ray processes go with it
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         try:
             while process.poll() is None:
                 time.sleep(POLL_S)
@@ -103,12 +105,6 @@ def run_verl(command: list[str], env: dict[str, str], run_dir: Path, progress: S
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Nothing of verl outlives us: a running trainer is asked to stop, then killed."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    """Nothing of verl outlives us: its whole session (the trainer and the Ray processes it started) is
+    asked to stop, then killed."""
+    stop_processes([process], STOP_GRACE_S)

@@ -4,6 +4,10 @@ passes, rollout parallelism fits the visible GPUs, and the plugin verl loads fix
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +221,50 @@ def test_a_verl_exit_quotes_its_first_error_and_offers_resume_only_with_a_checkp
     assert finish(config, run_dir, 0, 1) == 1
     said = capsys.readouterr().err.strip()
     assert "names no error" in said and said.endswith("resume=true continues from its checkpoint of step 2.")
+
+
+TRAINER_STAND_IN = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(f"{os.getpid()}")
+time.sleep(120)
+"""
+
+LAUNCHER = """
+import os, sys
+from pathlib import Path
+from bridges.adapters.verl.console import run_verl
+from bridges.runs.metrics import StepProgress
+run_dir = Path(sys.argv[1])
+env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(run_dir / "rows.jsonl")}
+run_verl([sys.executable, "-c", sys.argv[2], str(run_dir / "trainer.pid")], env, run_dir,
+         StepProgress(False, 10, 0, "verl"))
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_nothing_of_verl_outlives_a_killed_launcher(tmp_path: Path, how: signal.Signals):
+    """verl's trainer goes when ``bridges.train`` is killed, even by SIGKILL (the Ray processes that
+    ``ray.init`` started share the trainer's fate: Ray's own rule, seen with the real one)."""
+    (tmp_path / "verl").mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), TRAINER_STAND_IN])
+    pid_file = tmp_path / "trainer.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and launcher.poll() is None, "the stand-in trainer never started"
+        time.sleep(0.1)
+    trainer = int(pid_file.read_text())
+    os.kill(launcher.pid, how)
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(trainer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(trainer), "verl's trainer outlived the launcher"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
