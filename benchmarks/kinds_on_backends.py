@@ -12,7 +12,9 @@ against its first) and how each backend's end compares with grpo's: 95% bootstra
 with one seed, over seeds with several.
 ``--figure`` draws one panel per kind. A cell a backend cannot run ends in the run's own sentence.
 ``--report-only`` gives the verdicts and figure of the runs already in ``--output-dir`` (cells trained
-by several invocations, one backend at a time).
+by several invocations, one backend at a time), each judged on its first ``--steps`` steps, so a cell
+trained for fewer steps is set against the others at the same step (the learning rate is constant
+after warm-up, so a longer run's first steps are a shorter run).
 
     python benchmarks/kinds_on_backends.py --steps 250 --seeds 0 1 2 --figure docs/kinds_on_backends.png
 """
@@ -37,12 +39,12 @@ TIMES = "kinds_times.jsonl"  # each finished run's wall time, one JSON line a ru
 
 @dataclass
 class Cell:
-    """One kind on one backend: a reward curve per seed, the wall time of each run, or why none ran."""
+    """One kind on one backend: a reward curve per seed, each run's wall seconds per step, or why none ran."""
 
     kind: str
     backend: str
     curves: list[list[float]] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
     failure: str | None = None
 
 
@@ -71,11 +73,13 @@ def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> 
 
 
 def collect(args: argparse.Namespace, cell: Cell, seed: int, seconds: float) -> None:
-    """A finished run's reward curve (a step with no valid rollout counts 0) and its wall time."""
+    """A finished run's reward curve (a step with no valid rollout counts 0) and its wall time per step
+    (start-up included: it is part of what a user waits for)."""
     rows = [json.loads(x) for x in (Path(args.output_dir) / run_name(cell, seed) / "metrics.jsonl").read_text().splitlines()
             if x.strip()]
-    cell.curves.append([r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows])
-    cell.seconds.append(seconds)
+    curve = [r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows]
+    cell.curves.append(curve[: args.steps])  # a longer run is judged on its first --steps steps
+    cell.step_seconds.append(seconds / max(1, len(curve)))
 
 
 def recorded(args: argparse.Namespace, cell: Cell) -> None:
@@ -103,10 +107,10 @@ def figure_line(cell: Cell, k: int) -> str:
         return f"kind={cell.kind} backend={cell.backend} ran=false reason={cell.failure!r}"
     first, last = ends(cell.curves, k, False), ends(cell.curves, k, True)
     moved = bootstrap_difference(last, first, 2000, 0)
-    seconds = sorted(cell.seconds)
+    per_step = sorted(cell.step_seconds)
     return (f"kind={cell.kind} backend={cell.backend} seeds={len(cell.curves)} steps={len(cell.curves[0])} "
-            f"seconds_median={seconds[len(seconds) // 2]:.0f} seconds_min={seconds[0]:.0f} "
-            f"seconds_max={seconds[-1]:.0f} first={sum(first) / len(first):.3f} last={sum(last) / len(last):.3f} "
+            f"step_seconds_median={per_step[len(per_step) // 2]:.2f} step_seconds_min={per_step[0]:.2f} "
+            f"step_seconds_max={per_step[-1]:.2f} first={sum(first) / len(first):.3f} last={sum(last) / len(last):.3f} "
             f"learned={moved.verdict('yes', 'worse', 'no')} moved={moved.value:+.3f}")
 
 
@@ -120,7 +124,7 @@ def against(cell: Cell, base: Cell | None, k: int) -> str:
 
 def verdict_rows(cells: list[Cell], k: int) -> list[str]:
     """Markdown rows: each cell's ends, whether it learned, and its end against grpo's on the same kind."""
-    rows = ["| kind | backend | seeds | minutes (median) | first k -> last k | learned? | last k vs grpo (95% CI) |",
+    rows = ["| kind | backend | seeds | s/step (median) | first k -> last k | learned? | last k vs grpo (95% CI) |",
             "|---|---|---|---|---|---|---|"]
     grpo = {c.kind: c for c in cells if c.backend == "grpo" and c.failure is None}
     for cell in cells:
@@ -129,8 +133,8 @@ def verdict_rows(cells: list[Cell], k: int) -> list[str]:
             continue
         first, last = ends(cell.curves, k, False), ends(cell.curves, k, True)
         moved = bootstrap_difference(last, first, 2000, 0)
-        minutes = sorted(cell.seconds)[len(cell.seconds) // 2] / 60
-        rows.append(f"| {cell.kind} | {cell.backend} | {len(cell.curves)} | {minutes:.1f} | "
+        per_step = sorted(cell.step_seconds)[len(cell.step_seconds) // 2]
+        rows.append(f"| {cell.kind} | {cell.backend} | {len(cell.curves)} | {per_step:.1f} | "
                     f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} | "
                     f"{moved.verdict('learned', 'got worse', 'did not learn')} | {against(cell, grpo.get(cell.kind), k)} |")
     return rows

@@ -213,10 +213,14 @@ def test_kinds_on_backends_trains_two_cells_then_reports_them_again_with_verdict
     again = _run(script, *small, "--report-only", "--figure", str(tmp_path / "kinds.png")).splitlines()
     assert trained == again and (tmp_path / "kinds.png").stat().st_size > 0
     lines = [_fields(x) for x in trained if x.startswith("kind=")]
-    assert len(lines) == 2 and all(f["steps"] == 2 and f["seeds"] == 1 and f["seconds_median"] > 0 for f in lines)
+    assert len(lines) == 2 and all(f["steps"] == 2 and f["seeds"] == 1 and f["step_seconds_median"] > 0 for f in lines)
     table = [x for x in trained if x.startswith("|")]
     assert table[0].startswith("| kind | backend |") and [x.split(" | ")[:2] for x in table[2:]] == [
         ["| single", "grpo"], ["| turns", "grpo"]]
     assert all(" | n/a | " in x for x in table[2:])  # one step at each end of a curve: no verdict
+    first = [_fields(x) for x in _run(script, *small, "--steps", "1", "--report-only").splitlines()
+             if x.startswith("kind=")]  # judged on the first step of each run, at the same time per step
+    assert [f["steps"] for f in first] == [1, 1] and [f["step_seconds_median"] for f in first] == [
+        f["step_seconds_median"] for f in lines]
     missing = _run(script, "--kinds", "tool", "--backends", "grpo", "--output-dir", out, "--report-only")
     assert "ran=false reason='no finished run in" in missing
