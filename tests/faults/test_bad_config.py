@@ -303,4 +303,11 @@ def test_one_synchronous_rule_runs_on_every_backend(backend: str, tmp_path: Path
     extra = ["tinker.base_url=local"] if backend == "tinker" else []
     argv = [f"backend={backend}", "trainer.num_batches_ahead=0", "trainer.ledger_breaks=first", *extra]
     assert bridges.train.main([*argv, "dry_run=true", f"output_dir={tmp_path}"]) == 0
-    assert batches_ahead(parse_config(TrainConfig, [f"backend={backend}"])) == (0 if backend in ("trl", "verl") else 1)
+    if backend in ("grpo", "tinker"):  # the backends that generate ahead: one batch unless told
+        assert batches_ahead(parse_config(TrainConfig, [f"backend={backend}"])) == 1
+    else:  # the synchronous ones refuse a batch ahead rather than ignore it
+        from bridges.runtime.errors import ConfigError
+
+        ahead = [a.replace("=0", "=1") for a in argv]
+        with pytest.raises(ConfigError, match="generates each batch with the weights that train on it"):
+            bridges.train.main([*ahead, "dry_run=true", f"output_dir={tmp_path}"])
