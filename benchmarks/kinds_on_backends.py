@@ -69,17 +69,21 @@ def train(args: argparse.Namespace, extra: list[str], cell: Cell, seed: int) -> 
         return
     with open(Path(args.output_dir) / TIMES, "a") as times:  # --report-only reads the cells back from here
         times.write(json.dumps({"run": name, "seconds": seconds}) + "\n")
-    collect(args, cell, seed, seconds)
+    if not collect(args, cell, seed, seconds):
+        cell.failure = f"{name} exited 0 with no step in its metrics.jsonl"
 
 
-def collect(args: argparse.Namespace, cell: Cell, seed: int, seconds: float) -> None:
+def collect(args: argparse.Namespace, cell: Cell, seed: int, seconds: float) -> bool:
     """A finished run's reward curve (a step with no valid rollout counts 0) and its wall time per step
-    (start-up included: it is part of what a user waits for)."""
-    rows = [json.loads(x) for x in (Path(args.output_dir) / run_name(cell, seed) / "metrics.jsonl").read_text().splitlines()
-            if x.strip()]
+    (start-up included: it is part of what a user waits for); False when its folder holds no step."""
+    path = Path(args.output_dir) / run_name(cell, seed) / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    if not rows:
+        return False
     curve = [r["reward/mean"] if r.get("reward/mean") is not None else 0.0 for r in rows]
     cell.curves.append(curve[: args.steps])  # a longer run is judged on its first --steps steps
-    cell.step_seconds.append(seconds / max(1, len(curve)))
+    cell.step_seconds.append(seconds / len(curve))
+    return True
 
 
 def recorded(args: argparse.Namespace, cell: Cell) -> None:
@@ -161,15 +165,23 @@ def draw(cells: list[Cell], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def positive(text: str) -> int:
+    """A count of at least 1 (argparse turns the ValueError into its one-line usage error, exit 2)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--steps", type=int, default=250)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=16)
-    parser.add_argument("--last-k", type=int, default=10, help="steps each end of a curve is judged on")
+    parser.add_argument("--steps", type=positive, default=250)
+    parser.add_argument("--batch-size", type=positive, default=16)
+    parser.add_argument("--group-size", type=positive, default=16)
+    parser.add_argument("--last-k", type=positive, default=10, help="steps each end of a curve is judged on")
     parser.add_argument("--output-dir", default="runs")
     parser.add_argument("--figure", type=Path, default=None)
     parser.add_argument("--report-only", action="store_true", help="the verdicts of runs already in --output-dir")

@@ -222,5 +222,7 @@ def test_kinds_on_backends_trains_two_cells_then_reports_them_again_with_verdict
              if x.startswith("kind=")]  # judged on the first step of each run, at the same time per step
     assert [f["steps"] for f in first] == [1, 1] and [f["step_seconds_median"] for f in first] == [
         f["step_seconds_median"] for f in lines]
+    with open(Path(out) / "kinds_times.jsonl", "a") as times:  # timed, but its folder holds no step
+        times.write('{"run": "kinds-tool-grpo-s0", "seconds": 1.0}\n')
     missing = _run(script, "--kinds", "tool", "--backends", "grpo", "--output-dir", out, "--report-only")
     assert "ran=false reason='no finished run in" in missing
