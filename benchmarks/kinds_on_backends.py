@@ -92,8 +92,8 @@ def recorded(args: argparse.Namespace, cell: Cell) -> None:
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     times = {line["run"]: float(line["seconds"]) for line in lines}
     for seed in args.seeds:
-        if run_name(cell, seed) in times:
-            collect(args, cell, seed, times[run_name(cell, seed)])
+        if (name := run_name(cell, seed)) in times:
+            collect(args, cell, seed, times[name])
     if not cell.curves:
         cell.failure = f"no finished run in {args.output_dir}"
 

@@ -87,7 +87,7 @@ def run_verl(command: list[str], env: dict[str, str], run_dir: Path, progress: S
     with log_path.open("ab") as log:
         log.write(f"$ {shlex.join(command)}\n".encode())
         log.flush()
-        # its own session, sent SIGTERM if we die (even by SIGKILL): verl's Ray processes go with it
+        # its own session, sent SIGTERM if we die, even by SIGKILL (Ray's own processes then exit on their own)
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         try:
             while process.poll() is None:
@@ -96,15 +96,10 @@ def run_verl(command: list[str], env: dict[str, str], run_dir: Path, progress: S
                     progress.report(row)
             for row in rows.new_rows():
                 progress.report(row)
-        finally:
-            _stop(process)
+        finally:  # nothing of verl outlives us: its session is asked to stop, then killed
+            stop_processes([process], STOP_GRACE_S)
             progress.close()
     if process.returncode != 0:
         print(f"verl's last lines ({log_path} has all of them):\n{log_tail(log_path)}", file=sys.stderr)
     return int(process.returncode)
 
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Nothing of verl outlives us: its whole session (the trainer and the Ray processes it started) is
-    asked to stop, then killed."""
-    stop_processes([process], STOP_GRACE_S)
